@@ -1,0 +1,342 @@
+"""The syntax tree: what the parser builds, before any name means anything.
+
+Every node carries the `Span` of the text it came from, so every later stage can point at
+the source.  Nodes are plain dataclasses; identity (`id(node)`) is how the checker attaches
+types to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .diagnostics import Span
+
+# ---------------------------------------------------------------------------- dims
+
+
+@dataclass(eq=False)
+class DimName:
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class DimInt:
+    value: int
+    span: Span
+
+
+@dataclass(eq=False)
+class DimBinary:
+    op: str  # one of + - * / %
+    left: "DimNode"
+    right: "DimNode"
+    span: Span
+
+
+DimNode = DimName | DimInt | DimBinary
+
+
+@dataclass(eq=False)
+class Variadic:
+    """`*S` inside a tensor type: any number of leading (or inner) dims."""
+
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class Constraint:
+    """One `where` clause: `S <= MaxPositions`, `D % Heads == 0`."""
+
+    left: DimNode
+    op: str
+    right: DimNode
+    span: Span
+
+
+# --------------------------------------------------------------------------- types
+
+
+@dataclass(eq=False)
+class TensorTypeNode:
+    dims: list[DimNode | Variadic]
+    dtype: "NamedTypeNode"
+    span: Span
+
+
+@dataclass(eq=False)
+class NamedTypeNode:
+    """A bare type name: a dtype (`f32`, `i32`) or a dtype generic (`T`)."""
+
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class OptionTypeNode:
+    inner: "TypeNode"
+    span: Span
+
+
+TypeNode = TensorTypeNode | NamedTypeNode | OptionTypeNode
+
+
+@dataclass(eq=False)
+class BlockRef:
+    """`Linear<D, D, T>` in a `sub` declaration."""
+
+    name: str
+    args: list["GenericArg"]
+    span: Span
+
+
+@dataclass(eq=False)
+class SubArrayType:
+    """`[EncoderLayer<D, Heads, Inner, T>; Layers]`."""
+
+    element: BlockRef
+    count: DimNode
+    span: Span
+
+
+GenericArg = DimNode  # a dim expression, or a bare name that may be a dtype
+
+
+# --------------------------------------------------------------------------- exprs
+
+
+@dataclass(eq=False)
+class Name:
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class IntLit:
+    value: int
+    span: Span
+
+
+@dataclass(eq=False)
+class FloatLit:
+    value: float
+    text: str
+    span: Span
+
+
+@dataclass(eq=False)
+class NoneLit:
+    span: Span
+
+
+@dataclass(eq=False)
+class ListLit:
+    items: list["Expr"]
+    span: Span
+
+
+@dataclass(eq=False)
+class Binary:
+    op: str  # + - * / %
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(eq=False)
+class Unary:
+    op: str  # -
+    operand: "Expr"
+    span: Span
+
+
+@dataclass(eq=False)
+class Call:
+    """`f(x)`, `f<A, B>(x)`; `name_span` covers just the callee's name."""
+
+    name: str
+    generic_args: list[GenericArg]
+    args: list["Expr"]
+    span: Span
+    name_span: Span
+
+
+@dataclass(eq=False)
+class MethodCall:
+    """`norm.forward(x)`: a function of a sub-block (or of a loop variable over a sub array)."""
+
+    receiver: Name
+    method: str
+    args: list["Expr"]
+    span: Span
+    name_span: Span
+
+
+@dataclass(eq=False)
+class Slice:
+    start: "Expr | None"
+    stop: "Expr | None"
+    span: Span
+
+
+@dataclass(eq=False)
+class Index:
+    """`hidden[:, 0, :]`: integers drop an axis, slices keep it."""
+
+    target: "Expr"
+    items: list["Expr | Slice"]
+    span: Span
+
+
+Expr = Name | IntLit | FloatLit | NoneLit | ListLit | Binary | Unary | Call | MethodCall | Index
+
+
+# ----------------------------------------------------------------------- statements
+
+
+@dataclass(eq=False)
+class Let:
+    name: str
+    mutable: bool  # `var` rather than `let`
+    annotation: TypeNode | None
+    value: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(eq=False)
+class Assign:
+    name: str
+    value: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(eq=False)
+class Return:
+    value: Expr
+    span: Span
+
+
+@dataclass(eq=False)
+class StaticFor:
+    """`static for layer in layers { ... }`: unrolled over a sub-block array."""
+
+    var: str
+    iterable: str
+    body: list["Stmt"]
+    span: Span
+    iterable_span: Span
+
+
+@dataclass(eq=False)
+class IfSome:
+    """`if let some(b) = bias { ... } else { ... }`, decided when the function is instantiated."""
+
+    binding: str
+    option: Name
+    then_body: list["Stmt"]
+    else_body: list["Stmt"]
+    span: Span
+
+
+Stmt = Let | Assign | Return | StaticFor | IfSome
+
+
+# ---------------------------------------------------------------------------- items
+
+
+@dataclass(eq=False)
+class GenericParam:
+    name: str
+    kind: str  # "Dim", "Float", "Int", "DType", "Shape"
+    default: NamedTypeNode | DimNode | None
+    variadic: bool
+    span: Span
+
+
+@dataclass(eq=False)
+class Param:
+    name: str
+    type: TypeNode
+    span: Span
+
+
+@dataclass(eq=False)
+class Function:
+    name: str
+    public: bool
+    is_entry: bool
+    generics: list[GenericParam]
+    params: list[Param]
+    result: TypeNode | None
+    where: list[Constraint]
+    body: list[Stmt]
+    span: Span
+    name_span: Span
+    doc: str = ""
+
+
+@dataclass(eq=False)
+class ParamDecl:
+    """`param weight: Tensor[Out, In; T]` inside a block."""
+
+    name: str
+    type: TypeNode
+    span: Span
+
+
+@dataclass(eq=False)
+class SubDecl:
+    """`sub norm: LayerNorm<D, T>` or an array `sub layers: [EncoderLayer<...>; Layers]`."""
+
+    name: str
+    type: BlockRef | SubArrayType
+    span: Span
+
+
+@dataclass(eq=False)
+class Block:
+    name: str
+    public: bool
+    generics: list[GenericParam]
+    where: list[Constraint]
+    params: list[ParamDecl]
+    subs: list[SubDecl]
+    functions: list[Function]
+    span: Span
+    name_span: Span
+    doc: str = ""
+
+
+@dataclass(eq=False)
+class Const:
+    name: str
+    public: bool
+    type: NamedTypeNode
+    value: IntLit | FloatLit | Unary
+    span: Span
+    name_span: Span
+
+
+@dataclass(eq=False)
+class Use:
+    """`use std.nn.norm::{layer_norm}`; `names` pairs each imported name with its span."""
+
+    path: list[str]
+    names: list[tuple[str, Span]]
+    span: Span
+    path_span: Span
+
+
+Item = Block | Function | Const
+
+
+@dataclass(eq=False)
+class Module:
+    name: str | None  # from `module name`, if declared
+    name_span: Span | None
+    uses: list[Use]
+    items: list[Item]
+    file: str
+    span: Span = field(default=None)  # type: ignore[assignment]

@@ -1,0 +1,390 @@
+"""Source text -> syntax tree, with lark doing the parsing.
+
+The grammar lives in `grammar.lark`; this module turns lark's parse tree into the dataclasses
+of `linnet.ast`, keeping a `Span` on every node, and turns lark's exceptions into
+diagnostics that say what was expected.
+"""
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast
+from .diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
+
+# Friendly names for lark's terminal names in "expected ..." messages.
+_TOKEN_NAMES = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "LBRACE": "'{'", "RBRACE": "'}'",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LESSTHAN": "'<'", "MORETHAN": "'>'",
+    "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='", "CMP": "a comparison",
+    "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "DOT": "'.'",
+    "__ANON_0": "'::'", "$END": "end of file", "FN_KIND": "'fn' or 'entry'", "PUB": "'pub'",
+}
+
+
+@cache
+def _parser() -> Lark:
+    grammar = (Path(__file__).parent / "grammar.lark").read_text(encoding="utf-8")
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+def parse(text: str, file: str, sources: SourceMap | None = None) -> ast.Module:
+    """Parse one module; raises LinnetError (code E0001/E0002) on a syntax error."""
+    if sources is not None:
+        sources.add(file, text)
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise LinnetError(_syntax_diagnostic(exc, text, file), sources) from None
+    try:
+        module = _ToAst(file).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, LinnetError):
+            err = exc.orig_exc
+            err.sources = sources
+            raise LinnetError(err.diagnostics, sources) from None
+        raise
+    module.file = file
+    return module
+
+
+def _describe_expected(expected: set[str]) -> str:
+    names = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in expected})
+    if len(names) > 6:
+        names = names[:6] + ["..."]
+    return ", ".join(names)
+
+
+def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    line = getattr(exc, "line", None) or 1
+    col = getattr(exc, "column", None) or 1
+    if isinstance(exc, UnexpectedToken) and exc.token.type == "$END" or isinstance(exc, UnexpectedEOF):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        found, width = "end of file", 1
+    elif isinstance(exc, UnexpectedToken):
+        found, width = repr(str(exc.token)), max(1, len(str(exc.token)))
+    elif isinstance(exc, UnexpectedCharacters):
+        found, width = repr(text[exc.pos_in_stream]) if exc.pos_in_stream < len(text) else "end of file", 1
+    else:  # pragma: no cover - lark raises one of the above
+        found, width = "something unexpected", 1
+    if isinstance(exc, UnexpectedCharacters):
+        code, message = "E0001", f"unexpected character {found}"
+    else:
+        expected = getattr(exc, "expected", None) or getattr(exc, "accepts", None) or set()
+        code = "E0002"
+        message = f"unexpected {found}"
+        if expected:
+            message += f"; expected {_describe_expected(set(expected))}"
+    span = Span(file, line, col, line, col + width)
+    return Diagnostic(code, message, span)
+
+
+def _span(file: str, meta) -> Span:
+    return Span(file, meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tok_span(file: str, tok: Token) -> Span:
+    return Span(file, tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+_DIM_OPS = {"dim_add": "+", "dim_sub": "-", "dim_mul": "*", "dim_div": "/", "dim_mod": "%"}
+_EXPR_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%"}
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """One method per grammar rule; each returns the `linnet.ast` node for it."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def _s(self, meta) -> Span:
+        return _span(self.file, meta)
+
+    def _t(self, tok: Token) -> Span:
+        return _tok_span(self.file, tok)
+
+    # -- module level
+    def start(self, meta, children):
+        name = name_span = None
+        uses, items = [], []
+        for child in children:
+            if isinstance(child, tuple) and child[0] == "module":
+                _, name, name_span = child
+            elif isinstance(child, ast.Use):
+                uses.append(child)
+            else:
+                items.append(child)
+        span = self._s(meta) if not meta.empty else Span(self.file, 1, 1, 1, 1)
+        return ast.Module(name, name_span, uses, items, self.file, span)
+
+    def module_decl(self, meta, children):
+        parts, span = children[0]
+        return ("module", ".".join(parts), span)
+
+    def path(self, meta, children):
+        return [str(t) for t in children], self._s(meta)
+
+    def use_name(self, meta, children):
+        return str(children[0]), self._t(children[0])
+
+    def use_many(self, meta, children):
+        (parts, path_span), *names = children
+        return ast.Use(parts, names, self._s(meta), path_span)
+
+    use_one = use_many
+
+    def visibility(self, meta, children):
+        return bool(children)
+
+    def const_decl(self, meta, children):
+        public, name, type_, value = children
+        return ast.Const(str(name), public, type_, value, self._s(meta), self._t(name))
+
+    def block_decl(self, meta, children):
+        public, name, *rest = children
+        generics, where, members = [], [], []
+        for child in rest:
+            if isinstance(child, tuple) and child[0] == "generics":
+                generics = child[1]
+            elif isinstance(child, tuple) and child[0] == "where":
+                where = child[1]
+            else:
+                members.append(child)
+        return ast.Block(
+            name=str(name), public=public, generics=generics, where=where,
+            params=[m for m in members if isinstance(m, ast.ParamDecl)],
+            subs=[m for m in members if isinstance(m, ast.SubDecl)],
+            functions=[m for m in members if isinstance(m, ast.Function)],
+            span=self._s(meta), name_span=self._t(name),
+        )
+
+    def param_decl(self, meta, children):
+        name, type_ = children
+        return ast.ParamDecl(str(name), type_, self._s(meta))
+
+    def sub_decl(self, meta, children):
+        name, type_ = children
+        return ast.SubDecl(str(name), type_, self._s(meta))
+
+    def block_ref(self, meta, children):
+        name = children[0]
+        args = children[1] if len(children) > 1 else []
+        return ast.BlockRef(str(name), args, self._s(meta))
+
+    def sub_array(self, meta, children):
+        element, count = children
+        return ast.SubArrayType(element, count, self._s(meta))
+
+    def fn_decl(self, meta, children):
+        public, kind, name, *rest = children
+        generics, where, params, result, body = [], [], [], None, []
+        for child in rest:
+            if isinstance(child, tuple) and child[0] == "generics":
+                generics = child[1]
+            elif isinstance(child, tuple) and child[0] == "where":
+                where = child[1]
+            elif isinstance(child, tuple) and child[0] == "params":
+                params = child[1]
+            elif isinstance(child, tuple) and child[0] == "body":
+                body = child[1]
+            else:
+                result = child
+        return ast.Function(str(name), public, str(kind) == "entry", generics, params, result, where,
+                            body, self._s(meta), self._t(name))
+
+    def fn_params(self, meta, children):
+        return ("params", list(children))
+
+    def fn_param(self, meta, children):
+        name, type_ = children
+        return ast.Param(str(name), type_, self._s(meta))
+
+    def generic_params(self, meta, children):
+        return ("generics", list(children))
+
+    def generic_param(self, meta, children):
+        name, kind, *default = children
+        return ast.GenericParam(str(name), str(kind), default[0] if default else None, False, self._s(meta))
+
+    def variadic_param(self, meta, children):
+        name, kind = children
+        return ast.GenericParam(str(name), str(kind), None, True, self._s(meta))
+
+    def where_clause(self, meta, children):
+        return ("where", list(children))
+
+    def constraint(self, meta, children):
+        left, op, right = children
+        return ast.Constraint(left, op, right, self._s(meta))
+
+    def cmp(self, meta, children):
+        return str(children[0])
+
+    # -- types
+    def tensor_type(self, meta, children):
+        if len(children) == 1:
+            return ast.TensorTypeNode([], children[0], self._s(meta))
+        dims, dtype = children
+        return ast.TensorTypeNode(dims, dtype, self._s(meta))
+
+    def tensor_dims(self, meta, children):
+        return list(children)
+
+    def variadic_dim(self, meta, children):
+        return ast.Variadic(str(children[0]), self._s(meta))
+
+    def option_type(self, meta, children):
+        return ast.OptionTypeNode(children[0], self._s(meta))
+
+    def named_type(self, meta, children):
+        return ast.NamedTypeNode(str(children[0]), self._s(meta))
+
+    # -- dims
+    def dim_name(self, meta, children):
+        return ast.DimName(str(children[0]), self._s(meta))
+
+    def dim_int(self, meta, children):
+        return ast.DimInt(int(children[0]), self._s(meta))
+
+    def _dim_binary(self, op, meta, children):
+        left, right = children
+        return ast.DimBinary(op, left, right, self._s(meta))
+
+    def dim_add(self, meta, children):
+        return self._dim_binary("+", meta, children)
+
+    def dim_sub(self, meta, children):
+        return self._dim_binary("-", meta, children)
+
+    def dim_mul(self, meta, children):
+        return self._dim_binary("*", meta, children)
+
+    def dim_div(self, meta, children):
+        return self._dim_binary("/", meta, children)
+
+    def dim_mod(self, meta, children):
+        return self._dim_binary("%", meta, children)
+
+    def generic_args(self, meta, children):
+        return list(children)
+
+    # -- statements
+    def body(self, meta, children):
+        return ("body", list(children))
+
+    def let_stmt(self, meta, children):
+        return self._binding(meta, children, mutable=False)
+
+    def var_stmt(self, meta, children):
+        return self._binding(meta, children, mutable=True)
+
+    def _binding(self, meta, children, mutable):
+        name = children[0]
+        annotation = children[1] if len(children) == 3 else None
+        return ast.Let(str(name), mutable, annotation, children[-1], self._s(meta), self._t(name))
+
+    def assign_stmt(self, meta, children):
+        name, value = children
+        return ast.Assign(str(name), value, self._s(meta), self._t(name))
+
+    def return_stmt(self, meta, children):
+        return ast.Return(children[0], self._s(meta))
+
+    def for_stmt(self, meta, children):
+        var, iterable, (_, body) = children
+        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable))
+
+    def if_some_stmt(self, meta, children):
+        binding, option, (_, then_body), *rest = children
+        else_body = rest[0][1] if rest else []
+        return ast.IfSome(str(binding), ast.Name(str(option), self._t(option)), then_body, else_body,
+                          self._s(meta))
+
+    # -- expressions
+    def _binary(self, op, meta, children):
+        left, right = children
+        return ast.Binary(op, left, right, self._s(meta))
+
+    def add(self, meta, children):
+        return self._binary("+", meta, children)
+
+    def sub(self, meta, children):
+        return self._binary("-", meta, children)
+
+    def mul(self, meta, children):
+        return self._binary("*", meta, children)
+
+    def div(self, meta, children):
+        return self._binary("/", meta, children)
+
+    def mod(self, meta, children):
+        return self._binary("%", meta, children)
+
+    def neg(self, meta, children):
+        operand = children[0]
+        if isinstance(operand, ast.IntLit):
+            return ast.IntLit(-operand.value, self._s(meta))
+        if isinstance(operand, ast.FloatLit):
+            return ast.FloatLit(-operand.value, "-" + operand.text, self._s(meta))
+        return ast.Unary("-", operand, self._s(meta))
+
+    def call(self, meta, children):
+        name = children[0]
+        generic_args = children[1] if len(children) == 3 else []
+        return ast.Call(str(name), generic_args, children[-1], self._s(meta), self._t(name))
+
+    def some_call(self, meta, children):
+        span = self._s(meta)
+        name_span = Span(self.file, span.line, span.col, span.line, span.col + 4)
+        return ast.Call("some", [], children[0], span, name_span)
+
+    def method_call(self, meta, children):
+        receiver, method, args = children
+        return ast.MethodCall(ast.Name(str(receiver), self._t(receiver)), str(method), args, self._s(meta),
+                              self._t(method))
+
+    def args(self, meta, children):
+        return list(children)
+
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), self._s(meta))
+
+    def int_lit(self, meta, children):
+        return ast.IntLit(int(children[0]), self._s(meta))
+
+    def float_lit(self, meta, children):
+        text = str(children[0])
+        return ast.FloatLit(float(text), text, self._s(meta))
+
+    def none_lit(self, meta, children):
+        return ast.NoneLit(self._s(meta))
+
+    def list_lit(self, meta, children):
+        return ast.ListLit(children[0], self._s(meta))
+
+    def index(self, meta, children):
+        target, items = children
+        return ast.Index(target, items, self._s(meta))
+
+    def index_items(self, meta, children):
+        return list(children)
+
+    def slice(self, meta, children):
+        # `a:b`, `:b`, `a:` or `:`; the COLON token tells which side a lone bound is on.
+        colon = next(i for i, c in enumerate(children) if isinstance(c, Token) and c.type == "COLON")
+        start = children[0] if colon == 1 else None
+        stop = children[colon + 1] if colon + 1 < len(children) else None
+        return ast.Slice(start, stop, self._s(meta))
+
+    def __default__(self, data, children, meta):  # pragma: no cover - every rule is handled
+        raise AssertionError(f"unhandled grammar rule {data}")
+
+
+def parse_file(path: Path, sources: SourceMap | None = None, display_name: str | None = None) -> ast.Module:
+    return parse(path.read_text(encoding="utf-8"), display_name or str(path), sources)

@@ -1,0 +1,237 @@
+"""Primitive operations: the typed signatures every backend implements.
+
+Each primitive has a one-line signature (the same text docs/language.md shows) and a rule
+that computes its result type from the argument types, failing with a reason when they do
+not fit.  Rules see a `PrimCall`, which carries the argument types, the explicit dtype
+generics (`cast<f32>`, `iota<i32>`), the facts in scope and a way to fail with a span.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NoReturn, Protocol
+
+from .diagnostics import Span
+from .dims import DimExpr, const
+from .types import (DimT, DType, ErrorT, ListT, TensorT, Type, Variadic, dtype_kind_ok, is_float, is_int,
+                    scalar)
+
+
+class PrimContext(Protocol):
+    def fail(self, code: str, message: str, span: Span, *notes) -> NoReturn: ...
+
+    def broadcast(self, a: TensorT, b: TensorT, span: Span) -> TensorT: ...
+
+    def dims_equal(self, a: DimExpr, b: DimExpr) -> bool: ...
+
+    def same_numel(self, a: tuple, b: tuple) -> bool: ...
+
+
+@dataclass
+class PrimCall:
+    name: str
+    dtype_args: list[DType]
+    args: list[Type]
+    arg_spans: list[Span]
+    span: Span
+    ctx: PrimContext
+
+    def fail(self, message: str, arg: int | None = None, code: str = "E0320") -> NoReturn:
+        self.ctx.fail(code, message, self.arg_spans[arg] if arg is not None else self.span)
+
+    def tensor(self, i: int, what: str = "a tensor") -> TensorT:
+        t = self.args[i]
+        if isinstance(t, DimT) and t.expr.as_int() is not None:
+            return scalar("f32", weak=True)  # an integer literal meets a float op
+        if not isinstance(t, TensorT):
+            self.fail(f"argument {i + 1} of `{self.name}` must be {what}, found {t}", i)
+        return t
+
+    def float_tensor(self, i: int) -> TensorT:
+        t = self.tensor(i, "a float tensor")
+        if not is_float(t.dtype):
+            self.fail(f"`{self.name}` needs a float tensor, found dtype {t.dtype}", i, code="E0330")
+        return t
+
+    def static_int(self, i: int, what: str) -> int:
+        t = self.args[i]
+        value = t.expr.as_int() if isinstance(t, DimT) else None
+        if value is None:
+            self.fail(f"{what} of `{self.name}` must be an integer literal, found {t}", i)
+        return value
+
+    def known_rank(self, i: int, t: TensorT) -> int:
+        if t.rank is None:
+            self.fail(f"`{self.name}` needs a tensor of known rank, found {t}", i, code="E0322")
+        return t.rank
+
+
+@dataclass(frozen=True)
+class Prim:
+    name: str
+    arity: tuple[int, ...]  # accepted numbers of value arguments
+    dtype_generics: int  # how many explicit `<dtype>` arguments it takes
+    signature: str
+    rule: Callable[[PrimCall], Type]
+
+
+def _unary_float(call: PrimCall) -> Type:
+    return call.float_tensor(0)
+
+
+def _binary_broadcast(call: PrimCall) -> Type:
+    return call.ctx.broadcast(call.tensor(0), call.tensor(1), call.span)
+
+
+def _compare(call: PrimCall) -> Type:
+    out = call.ctx.broadcast(call.tensor(0), call.tensor(1), call.span)
+    return TensorT(out.dims, "bool")
+
+
+def _axis(call: PrimCall, t: TensorT, arg: int) -> int:
+    """A literal axis, negative from the end; with `*S` dims only axes outside it are allowed."""
+    axis = call.static_int(arg, "the axis")
+    n = len(t.dims)
+    variadic_at = next((i for i, d in enumerate(t.dims) if isinstance(d, Variadic)), None)
+    index = axis + n if axis < 0 else axis
+    if not 0 <= index < n:
+        call.fail(f"axis {axis} is out of range for {t} (rank {n})", arg, code="E0323")
+    if variadic_at is not None and (axis >= 0 and index >= variadic_at or axis < 0 and index <= variadic_at):
+        call.fail(f"axis {axis} of {t} falls inside the variadic dims; count from the other end", arg,
+                  code="E0323")
+    return index
+
+
+def _reduce(call: PrimCall) -> Type:
+    t = call.tensor(0)
+    index = _axis(call, t, 1)
+    dims = list(t.dims)
+    dims[index] = const(1)  # reductions keep the axis so the result broadcasts back
+    return TensorT(tuple(dims), t.dtype)
+
+
+def _softmax(call: PrimCall) -> Type:
+    t = call.float_tensor(0)
+    if len(call.args) == 2:
+        _axis(call, t, 1)
+    elif not t.dims:
+        call.fail("`softmax` needs at least one axis", 0)
+    return t
+
+
+def _matmul(call: PrimCall) -> Type:
+    a, b = call.float_tensor(0), call.float_tensor(1)
+    if len(a.dims) < 2 or len(b.dims) < 2 or isinstance(a.dims[-1], Variadic) or isinstance(b.dims[-2], Variadic):
+        call.fail(f"`matmul` needs [..., M, K] and [..., K, N], found {a} and {b}", code="E0321")
+    if isinstance(a.dims[-2], Variadic) and len(b.dims) != 2:
+        call.fail(f"`matmul` of {a} needs a plain matrix on the right, found {b}", code="E0321")
+    if a.dtype != b.dtype:
+        call.fail(f"`matmul` operands differ in dtype: {a.dtype} and {b.dtype}", code="E0330")
+    k_a, k_b = a.dims[-1], b.dims[-2]
+    if not call.ctx.dims_equal(k_a, k_b):
+        call.fail(f"`matmul` inner dims differ: {a} has K = {k_a} but {b} has K = {k_b}", code="E0321")
+    batch = call.ctx.broadcast(TensorT(a.dims[:-2], a.dtype), TensorT(b.dims[:-2], b.dtype), call.span)
+    return TensorT(batch.dims + (a.dims[-2], b.dims[-1]), a.dtype)
+
+
+def _transpose(call: PrimCall) -> Type:
+    t = call.tensor(0)
+    if len(t.dims) < 2 or any(isinstance(d, Variadic) for d in t.dims[-2:]):
+        call.fail(f"`transpose` swaps the last two dims and needs at least two, found {t}", 0, code="E0321")
+    return TensorT(t.dims[:-2] + (t.dims[-1], t.dims[-2]), t.dtype)
+
+
+def _take(call: PrimCall) -> Type:
+    table, ids = call.tensor(0), call.tensor(1)
+    if not table.dims or isinstance(table.dims[0], Variadic):
+        call.fail(f"`take` gathers rows of a table [N, ...], found {table}", 0, code="E0321")
+    if not is_int(ids.dtype):
+        call.fail(f"`take` indices must be integers, found dtype {ids.dtype}", 1, code="E0330")
+    return TensorT(ids.dims + table.dims[1:], table.dtype)
+
+
+def _static_list(call: PrimCall, i: int, what: str) -> ListT:
+    t = call.args[i]
+    if not isinstance(t, ListT):
+        call.fail(f"{what} of `{call.name}` must be a list literal such as [0, 2, 1, 3], found {t}", i)
+    return t
+
+
+def _reshape(call: PrimCall) -> Type:
+    t = call.tensor(0)
+    call.known_rank(0, t)
+    target = _static_list(call, 1, "the target shape")
+    if not call.ctx.same_numel(t.dims, target.items):
+        call.fail(f"cannot reshape {t} to [{', '.join(map(str, target.items))}]: "
+                  f"the element counts {_product(t.dims)} and {_product(target.items)} cannot be proven equal",
+                  code="E0324")
+    return TensorT(target.items, t.dtype)
+
+
+def _product(dims) -> str:
+    return " * ".join(f"({d})" if len(str(d).split()) > 1 else str(d) for d in dims) or "1"
+
+
+def _permute(call: PrimCall) -> Type:
+    t = call.tensor(0)
+    rank = call.known_rank(0, t)
+    perm_t = _static_list(call, 1, "the permutation")
+    perm = [d.as_int() for d in perm_t.items]
+    if any(p is None for p in perm) or sorted(perm) != list(range(rank)):
+        call.fail(f"[{', '.join(map(str, perm_t.items))}] is not a permutation of the {rank} axes of {t}",
+                  1, code="E0325")
+    return TensorT(tuple(t.dims[p] for p in perm), t.dtype)
+
+
+def _iota(call: PrimCall) -> Type:
+    (dtype,) = call.dtype_args
+    n = call.args[0]
+    if not isinstance(n, DimT):
+        call.fail(f"`iota` takes a dim such as `S`, found {n}", 0)
+    if not is_int(dtype):
+        call.fail(f"`iota` makes integer indices; {dtype} is not an integer dtype", code="E0330")
+    return TensorT((n.expr,), dtype)
+
+
+def _cast(call: PrimCall) -> Type:
+    (dtype,) = call.dtype_args
+    t = call.args[0]
+    if isinstance(t, DimT):
+        return scalar(dtype, weak=True)  # a number known from dims adapts like a literal
+    if not isinstance(t, TensorT):
+        call.fail(f"`cast` takes a tensor or a dim, found {t}", 0)
+    return TensorT(t.dims, dtype)
+
+
+def _select(call: PrimCall) -> Type:
+    cond, a, b = call.tensor(0), call.tensor(1), call.tensor(2)
+    if cond.dtype != "bool":
+        call.fail(f"the condition of `select` must be a bool tensor, found {cond.dtype}", 0, code="E0330")
+    value = call.ctx.broadcast(a, b, call.span)
+    return TensorT(call.ctx.broadcast(cond, value, call.span).dims, value.dtype)
+
+
+PRIMS: dict[str, Prim] = {p.name: p for p in [
+    *(Prim(name, (1,), 0, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float)
+      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid")),
+    Prim("maximum", (2,), 0, "maximum(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
+         _binary_broadcast),
+    Prim("minimum", (2,), 0, "minimum(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
+         _binary_broadcast),
+    *(Prim(name, (2,), 0, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); bool]",
+           _compare) for name in ("less", "greater", "equal")),
+    Prim("select", (3,), 0, "select(cond: Tensor[*C; bool], a: Tensor[*A; T], b: Tensor[*B; T]) -> "
+         "Tensor[broadcast(C, A, B); T]", _select),
+    Prim("matmul", (2,), 0, "matmul(a: Tensor[*B, M, K; T], b: Tensor[*B, K, N; T]) -> Tensor[*B, M, N; T]",
+         _matmul),
+    Prim("transpose", (1,), 0, "transpose(x: Tensor[*S, M, N; T]) -> Tensor[*S, N, M; T]", _transpose),
+    Prim("softmax", (1, 2), 0, "softmax(x: Tensor[*S; T: Float], axis = -1) -> Tensor[*S; T]", _softmax),
+    *(Prim(name, (2,), 0, f"{name}(x: Tensor[..., N, ...; T], axis) -> Tensor[..., 1, ...; T]  (keeps the axis)",
+           _reduce) for name in ("sum", "mean", "max")),
+    Prim("take", (2,), 0, "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take),
+    Prim("reshape", (2,), 0, "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
+         "(element count proven equal)", _reshape),
+    Prim("permute", (2,), 0, "permute(x: Tensor[d0, ..., dn; T], [p0, ..., pn]) -> Tensor[dp0, ..., dpn; T]",
+         _permute),
+    Prim("iota", (1,), 1, "iota<I: Int>(N: Dim) -> Tensor[N; I]  (0, 1, ..., N - 1)", _iota),
+    Prim("cast", (1,), 1, "cast<U>(x: Tensor[*S; T] | Dim) -> Tensor[*S; U]", _cast),
+]}

@@ -1,0 +1,209 @@
+"""The checker's types: tensors with symbolic dims, dims used as values, options and lists.
+
+A tensor type is a tuple of dims and a dtype.  A dim is a `DimExpr` (see `linnet.dims`) or
+a `Variadic` standing for any number of dims (`*S`).  A dtype is a concrete name (`"f32"`)
+or a `DTypeVar` (a generic such as `T`).  Substitution replaces generics by what a call or an
+instantiation binds them to; it is how signatures are specialised and how lowering makes
+everything concrete.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+from .dims import DimExpr, const
+
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
+INT_DTYPES = ("i8", "i16", "i32", "i64", "u8")
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+
+#: Generic parameter kinds and what may bind them.
+DIM_KIND, SHAPE_KIND = "Dim", "Shape"
+DTYPE_KINDS = {"Float": FLOAT_DTYPES, "Int": INT_DTYPES, "DType": ALL_DTYPES}
+GENERIC_KINDS = (DIM_KIND, SHAPE_KIND, *DTYPE_KINDS)
+
+
+@dataclass(frozen=True)
+class DTypeVar:
+    name: str
+    kind: str  # "Float", "Int" or "DType"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DType = Union[str, DTypeVar]
+
+
+def dtype_kind_ok(dtype: DType, kind: str) -> bool:
+    """Does a dtype (concrete or generic) belong to a generic kind such as Float?"""
+    if isinstance(dtype, DTypeVar):
+        return dtype.kind == kind or kind == "DType"
+    return dtype in DTYPE_KINDS[kind]
+
+
+def is_float(dtype: DType) -> bool:
+    return dtype_kind_ok(dtype, "Float")
+
+
+def is_int(dtype: DType) -> bool:
+    return dtype_kind_ok(dtype, "Int")
+
+
+@dataclass(frozen=True)
+class Variadic:
+    """`*S`: a run of dims bound as a whole (`*S` := `[B, S]`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"*{self.name}"
+
+
+Dim = Union[DimExpr, Variadic]
+
+
+@dataclass(frozen=True)
+class TensorT:
+    dims: tuple[Dim, ...]
+    dtype: DType
+    # A literal scalar such as `1e-12` or `0.5`: it takes the dtype of the tensor it meets.
+    weak: bool = False
+
+    @property
+    def rank(self) -> int | None:
+        return None if any(isinstance(d, Variadic) for d in self.dims) else len(self.dims)
+
+    def __str__(self) -> str:
+        dims = ", ".join(str(d) for d in self.dims)
+        return f"Tensor[{dims}; {self.dtype}]" if dims else f"Tensor[; {self.dtype}]"
+
+
+@dataclass(frozen=True)
+class DimT:
+    """A dim used as a value: `S` in `iota<i32>(S)`, `D / Heads` in `cast<f32>(D / Heads)`."""
+
+    expr: DimExpr
+
+    def __str__(self) -> str:
+        return f"dim {self.expr}"
+
+
+@dataclass(frozen=True)
+class ListT:
+    """A list literal of integers or dims: a permutation or a reshape target."""
+
+    items: tuple[DimExpr, ...]
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(i) for i in self.items) + "]"
+
+
+@dataclass(frozen=True)
+class OptionT:
+    """`Option[X]` as declared; each call passes either `some(x)` or `none`."""
+
+    inner: "Type"
+
+    def __str__(self) -> str:
+        return f"Option[{self.inner}]"
+
+
+@dataclass(frozen=True)
+class SomeT:
+    inner: "Type"
+
+    def __str__(self) -> str:
+        return f"some({self.inner})"
+
+
+@dataclass(frozen=True)
+class NoneT:
+    def __str__(self) -> str:
+        return "none"
+
+
+@dataclass(frozen=True)
+class SubT:
+    """A sub-block (or one element of a sub array) that functions are called on."""
+
+    block: str  # qualified block name, `module::Block`
+    bindings: tuple[tuple[str, object], ...]  # the block's generics as bound by the declaration
+    path: str  # the member name, `norm`, or the loop variable for an array element
+
+    def __str__(self) -> str:
+        return f"sub-block {self.block.split('::')[-1]}"
+
+
+@dataclass(frozen=True)
+class SubArrayT:
+    element: SubT
+    count: DimExpr
+
+    def __str__(self) -> str:
+        return f"[{self.element}; {self.count}]"
+
+
+Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT]
+
+#: What a generic is bound to: a dim, a dtype, or a run of dims for a variadic.
+Binding = Union[DimExpr, DType, tuple]
+
+
+def substitute_dims(dims: tuple[Dim, ...], env: Mapping[str, Binding]) -> tuple[Dim, ...]:
+    out: list[Dim] = []
+    for d in dims:
+        if isinstance(d, Variadic):
+            bound = env.get(d.name)
+            if isinstance(bound, tuple):
+                out.extend(bound)
+            else:
+                out.append(d)
+        else:
+            out.append(d.substitute({k: v for k, v in env.items() if isinstance(v, (DimExpr, int))}))
+    return tuple(out)
+
+
+def substitute_dtype(dtype: DType, env: Mapping[str, Binding]) -> DType:
+    if isinstance(dtype, DTypeVar):
+        bound = env.get(dtype.name)
+        if isinstance(bound, (str, DTypeVar)):
+            return bound
+    return dtype
+
+
+def substitute(t: Type, env: Mapping[str, Binding]) -> Type:
+    """Replace generics by their bindings throughout a type."""
+    if isinstance(t, TensorT):
+        return TensorT(substitute_dims(t.dims, env), substitute_dtype(t.dtype, env), t.weak)
+    if isinstance(t, DimT):
+        return DimT(substitute_dims((t.expr,), env)[0])
+    if isinstance(t, ListT):
+        return ListT(tuple(substitute_dims(t.items, env)))
+    if isinstance(t, OptionT):
+        return OptionT(substitute(t.inner, env))
+    if isinstance(t, SomeT):
+        return SomeT(substitute(t.inner, env))
+    return t
+
+
+def scalar(dtype: DType, weak: bool = False) -> TensorT:
+    return TensorT((), dtype, weak)
+
+
+def format_binding(value: Binding) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def dim_of_int(n: int) -> DimExpr:
+    return const(n)
+
+
+@dataclass(frozen=True)
+class ErrorT:
+    """The type of an expression that already failed to check: it silences follow-on errors."""
+
+    def __str__(self) -> str:
+        return "<error>"
