@@ -23,7 +23,7 @@ from .prims import PRIMS, PrimCall
 from .resolve import ModuleInfo, Program
 from .types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, DimT, DTypeVar,
                     ErrorT, ListT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type, Variadic,
-                    dtype_kind_ok, format_binding, is_float, scalar, substitute, substitute_dims,
+                    dims_only, dtype_kind_ok, format_binding, is_float, scalar, substitute, substitute_dims,
                     substitute_dtype)
 
 
@@ -67,7 +67,7 @@ class WhereClause:
     span: Span
 
     def substitute(self, env) -> "WhereClause":
-        dims = {k: v for k, v in env.items() if isinstance(v, (DimExpr, int))}
+        dims = dims_only(env)
         return WhereClause(self.left.substitute(dims), self.op, self.right.substitute(dims), self.span)
 
     def __str__(self) -> str:

@@ -150,6 +150,11 @@ Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT]
 Binding = Union[DimExpr, DType, tuple]
 
 
+def dims_only(env: Mapping[str, Binding]) -> dict[str, DimExpr]:
+    """The dim bindings of an environment (dropping dtypes and variadic runs)."""
+    return {k: v for k, v in env.items() if isinstance(v, (DimExpr, int))}
+
+
 def substitute_dims(dims: tuple[Dim, ...], env: Mapping[str, Binding]) -> tuple[Dim, ...]:
     out: list[Dim] = []
     for d in dims:
@@ -160,7 +165,7 @@ def substitute_dims(dims: tuple[Dim, ...], env: Mapping[str, Binding]) -> tuple[
             else:
                 out.append(d)
         else:
-            out.append(d.substitute({k: v for k, v in env.items() if isinstance(v, (DimExpr, int))}))
+            out.append(d.substitute(dims_only(env)))
     return tuple(out)
 
 

@@ -1,0 +1,139 @@
+"""The `linnet` command line.
+
+Exit codes: 0 clean, 1 the input has errors (diagnostics printed), 2 usage error,
+3 an internal compiler error (a bug in Linnet, reported as such).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+
+from .diagnostics import InternalError, LinnetError, to_json
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
+
+
+def _parse_set(items: list[str], parser: argparse.ArgumentParser) -> dict[str, int | str]:
+    values: dict[str, int | str] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip().isidentifier() or not raw.strip():
+            parser.error(f"--set expects NAME=VALUE, found {item!r}")
+        raw = raw.strip()
+        try:
+            values[name.strip()] = int(raw)
+        except ValueError:
+            values[name.strip()] = raw  # a dtype such as f16
+    return values
+
+
+# --------------------------------------------------------------------------- check
+
+
+def _entry_lines(compiled) -> list[str]:
+    instance = compiled.instance
+    lines = []
+    for sig in instance.entries.values():
+        lines.append(f"  entry {sig}")
+        dims = {d: compiled.check_dims[d] for d in sig.dims if d in compiled.check_dims}
+        if len(dims) == len(sig.dims):
+            from .types import substitute
+            from .dims import const
+
+            env = {k: const(v) for k, v in dims.items()}
+            params = ", ".join(f"{n}: {substitute(t, env)}" for n, t in sig.params)
+            at = ", ".join(f"{k}={v}" for k, v in dims.items())
+            lines.append(f"    at {at}: ({params}) -> {substitute(sig.result, env)}")
+    params = instance.params
+    lines.append(f"  params: {instance.param_count:,} in {len(params)} tensors")
+    return lines
+
+
+def _check_one(path: str, overrides) -> tuple[dict, list[str]]:
+    from .compiler import compile_target, locate
+
+    started = time.perf_counter()
+    target = locate(path)
+    compiled = compile_target(target, overrides)
+    elapsed = time.perf_counter() - started
+    report = {"path": path, "ok": True, "kind": target.kind, "seconds": round(elapsed, 4), "diagnostics": []}
+    if compiled.instance is None:
+        n = len([f for f in compiled.checked.functions.values()])
+        return report, [f"{path}: ok ({target.kind}, {n} functions checked) in {elapsed:.3f} s"]
+    instance = compiled.instance
+    generics = ", ".join(f"{k}={v}" for k, v in compiled.generics.items())
+    report.update({
+        "root": instance.root.block.name,
+        "generics": compiled.generics,
+        "check_dims": compiled.check_dims,
+        "entries": {n: {"signature": str(s), "preconditions": [str(p) for p in s.preconditions]}
+                    for n, s in instance.entries.items()},
+        "param_count": instance.param_count,
+        "param_tensors": len(instance.params),
+    })
+    lines = [f"{path}: ok — {instance.root.block.name}<{generics}>", *_entry_lines(compiled),
+             f"  checked in {elapsed:.3f} s"]
+    return report, lines
+
+
+def cmd_check(args, parser) -> int:
+    overrides = _parse_set(args.set or [], parser)
+    reports, status = [], EXIT_OK
+    for path in args.paths:
+        try:
+            report, lines = _check_one(path, overrides)
+            if args.format == "text":
+                print("\n".join(lines))
+        except LinnetError as exc:
+            status = EXIT_ERRORS
+            report = {"path": path, "ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]}
+            if args.format == "text":
+                print(exc.render(), file=sys.stderr)
+                n = len(exc.diagnostics)
+                print(f"{path}: {n} error{'s' if n != 1 else ''}", file=sys.stderr)
+        reports.append(report)
+    if args.format == "json":
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    return status
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linnet", description="Linnet: typed neural-network blocks and the Nest zoo")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="prove a zoo entry's, package's or file's shapes")
+    check.add_argument("paths", nargs="+", metavar="PATH", help="zoo entry (folder or name), package folder or .linnet file")
+    check.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="override a generic or a [check] dim, e.g. --set S=600")
+    check.add_argument("--format", choices=("text", "json"), default="text")
+    check.set_defaults(handler=cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args, parser)
+    except LinnetError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_ERRORS
+    except KeyboardInterrupt:
+        return 130
+    except InternalError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BUG
+    except Exception:  # noqa: BLE001 - anything else is by definition our bug
+        print("internal compiler error (this is a bug in Linnet, please report it with the trace below):",
+              file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_BUG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
