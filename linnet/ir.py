@@ -1,0 +1,293 @@
+"""The lowered form: one backend-neutral program that every emitter reads.
+
+Lowering (`linnet.lower`) monomorphises the checked program for one instantiation: every
+block generic is a number or a dtype, `if let` is decided, `some`/`none` are resolved, and
+only an entry's own dims (B, S) remain symbolic.  What is left is small:
+
+* `Block` — one per distinct block instantiation: its params (concrete shapes), its subs,
+  and the functions defined on it.
+* `Function` — parameters, a list of statements, a result type.  Expressions are trees
+  (`Op`, `Call`, `Ref`, ...) whose every node carries its concrete type and the source
+  line it came from, so emitters can write readable, commented code.
+
+`verify()` checks the invariants emitters rely on; tests run it after every lowering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from .diagnostics import InternalError, Span
+from .dims import DimExpr
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dims: tuple[DimExpr, ...]  # constants, or expressions over the entry's dims
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def __str__(self) -> str:
+        return f"Tensor[{', '.join(map(str, self.dims))}; {self.dtype}]"
+
+
+# ------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A function parameter or local variable."""
+
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """A parameter of the block the function belongs to (`self.weight`)."""
+
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number known at compile time; `type.dtype` is the dtype it takes in its expression."""
+
+    value: float
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class DimValue:
+    """The value of a dim (`S`, `D / Heads`), possibly known only at run time."""
+
+    expr: DimExpr
+
+
+@dataclass(frozen=True)
+class Absent:
+    """`none` passed for an Option parameter."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """A primitive (`matmul`, `softmax`, ...) or arithmetic (`add`, `sub`, `mul`, `div`, `neg`).
+
+    Static arguments live in `attrs`: `axis`, `perm`, `shape` (a tuple of dims), `items` for
+    indexing (each `("index", dim)` or `("slice", start, stop)`), `dtype` for cast/iota, `n`
+    for iota.
+    """
+
+    op: str
+    args: tuple["Expr", ...]
+    type: TensorType
+    line: int
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    def attr(self, name: str, default=None):
+        return dict(self.attrs).get(name, default)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of another lowered function.
+
+    `receiver` is None for a free function, "self" for a sibling function of the same
+    block, or the sub member (or static-for loop variable) whose function is called.
+    """
+
+    function: str  # Function.id
+    args: tuple["Expr", ...]
+    type: TensorType
+    line: int
+    receiver: str | None = None
+
+
+Expr = Union[Ref, ParamRef, Scalar, DimValue, Absent, Op, Call]
+
+
+# -------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class Let:
+    name: str
+    value: Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str
+    value: Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class Loop:
+    """`static for var in member { body }` over a sub-block array of the function's block."""
+
+    var: str
+    member: str
+    body: tuple["Stmt", ...]
+    line: int
+
+
+Stmt = Union[Let, Assign, Return, Loop]
+
+
+# ---------------------------------------------------------------------- program
+
+
+@dataclass
+class Function:
+    id: str  # unique in the program: `split_heads`, `Linear_768_3072.forward`
+    name: str  # the Linnet name: `split_heads`, `forward`
+    source: str  # the checked function's key, e.g. `std.nn.norm::layer_norm`
+    block: str | None  # Block.id for methods
+    params: list[tuple[str, TensorType | None]]  # None: an absent Option (always passed `none`)
+    body: list[Stmt]
+    result: TensorType
+    span: Span
+    generics: dict[str, object]  # the instantiation, for comments: {"D": 768, "T": "f32"}
+    # Where each symbolic dim used in the body is read at run time: dim -> (param, axis).
+    dim_sources: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class Sub:
+    name: str
+    block: str  # Block.id
+    count: int | None  # None for one sub-block, N for an array
+
+
+@dataclass
+class Block:
+    id: str  # `Linear_768_3072` when several instantiations exist, else the Linnet name
+    name: str
+    source: str  # the checked block's key, e.g. `std.nn.linear::Linear`
+    generics: dict[str, object]
+    params: list[tuple[str, TensorType]]
+    subs: list[Sub]
+    methods: dict[str, str] = field(default_factory=dict)  # Linnet fn name -> Function.id
+    span: Span | None = None
+
+
+@dataclass
+class Entry:
+    name: str
+    function: str  # Function.id of the root block's method
+    dims: list[str]  # the free dims, B and S
+    inputs: list[tuple[str, TensorType]]
+    result: TensorType
+    preconditions: list[tuple[DimExpr, str, DimExpr, Span]]  # e.g. (S, "<=", 512)
+    dim_sources: dict[str, tuple[str, int]]
+
+
+@dataclass
+class Program:
+    root: str  # Block.id
+    blocks: dict[str, Block]
+    functions: dict[str, Function]
+    entries: dict[str, Entry]
+    files: dict[str, str] = field(default_factory=dict)  # source file name -> display path
+
+    def methods_of(self, block_id: str) -> list[Function]:
+        return [self.functions[f] for f in self.blocks[block_id].methods.values()]
+
+    def free_functions(self) -> list[Function]:
+        return [f for f in self.functions.values() if f.block is None]
+
+    def param_paths(self) -> list[tuple[str, TensorType]]:
+        """Every parameter of the model, by dotted path (`layers.0.up.weight`)."""
+        out: list[tuple[str, TensorType]] = []
+
+        def walk(block_id: str, prefix: str) -> None:
+            block = self.blocks[block_id]
+            out.extend((prefix + name, t) for name, t in block.params)
+            for sub in block.subs:
+                if sub.count is None:
+                    walk(sub.block, f"{prefix}{sub.name}.")
+                else:
+                    for i in range(sub.count):
+                        walk(sub.block, f"{prefix}{sub.name}.{i}.")
+
+        walk(self.root, "")
+        return out
+
+
+# ------------------------------------------------------------------------ verify
+
+
+def _expr_refs(expr: Expr):
+    if isinstance(expr, Ref):
+        yield expr.name
+    elif isinstance(expr, (Op, Call)):
+        for a in expr.args:
+            yield from _expr_refs(a)
+
+
+def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> None:
+    defined = {name for name, _ in fn.params}
+
+    def check_expr(expr: Expr) -> None:
+        if isinstance(expr, Call):
+            if expr.function not in program.functions:
+                raise InternalError(f"{fn.id}: call of unknown function {expr.function}")
+        if isinstance(expr, (Op, Call)):
+            for d in expr.type.dims:
+                extra = d.free_symbols() - allowed_dims
+                if extra:
+                    raise InternalError(f"{fn.id}: type {expr.type} has unbound dims {sorted(extra)}")
+            for a in expr.args:
+                check_expr(a)
+        for name in _expr_refs(expr):
+            if name not in defined:
+                raise InternalError(f"{fn.id}: reference to undefined `{name}`")
+        if isinstance(expr, ParamRef) and fn.block is not None:
+            names = {n for n, _ in program.blocks[fn.block].params}
+            if expr.name not in names:
+                raise InternalError(f"{fn.id}: unknown block param `{expr.name}`")
+
+    def check_stmts(stmts) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                check_stmts(stmt.body)
+                continue
+            check_expr(stmt.value)
+            if isinstance(stmt, (Let, Assign)):
+                defined.add(stmt.name)
+
+    check_stmts(fn.body)
+
+
+def verify(program: Program) -> None:
+    """Raise InternalError unless every emitter invariant holds."""
+    if program.root not in program.blocks:
+        raise InternalError(f"root block {program.root} missing")
+    for entry in program.entries.values():
+        allowed = set(entry.dims)
+        for name, _ in entry.inputs:
+            pass
+        if entry.function not in program.functions:
+            raise InternalError(f"entry {entry.name} points at a missing function")
+        missing = set(entry.dims) - set(entry.dim_sources)
+        if missing:
+            raise InternalError(f"entry {entry.name}: no input gives dims {sorted(missing)}")
+    allowed = {d for e in program.entries.values() for d in e.dims}
+    for fn in program.functions.values():
+        _verify_function(program, fn, allowed)
+    for block in program.blocks.values():
+        for sub in block.subs:
+            if sub.block not in program.blocks:
+                raise InternalError(f"{block.id}.{sub.name}: unknown block {sub.block}")

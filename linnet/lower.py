@@ -1,0 +1,382 @@
+"""Checked program + instantiation -> the lowered form (`linnet.ir`), shared by every backend.
+
+Lowering walks each entry's call tree.  Every function is specialised for the generic
+bindings it is called with (block generics are numbers, an entry's B and S stay symbols),
+for which Option arguments are present, and for the block instance it runs on.  Types
+come from the checker's records, substituted with the bindings; nothing is re-inferred.
+Calls to std functions stay calls, so a backend can replace a whole function
+(`std.nn.norm::layer_norm`) by a fused kernel of its own while the others emit its body.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import ast, ir
+from .check import CheckedProgram, FnSig
+from .diagnostics import InternalError, LinnetError, Diagnostic
+from .dims import DimExpr, const, sym
+from .instantiate import BlockInstance, Instance
+from .types import (Binding, DimT, ListT, NoneT, OptionT, SomeT, TensorT, Type, Variadic, dims_only,
+                    substitute, substitute_dims)
+
+_ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+_FOLDABLE = {"rsqrt": lambda x: 1.0 / math.sqrt(x), "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
+             "tanh": math.tanh, "erf": math.erf, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x))}
+
+
+def _concrete(t: Type, env) -> ir.TensorType:
+    s = substitute(t, env)
+    if not isinstance(s, TensorT) or any(isinstance(d, Variadic) for d in s.dims) or not isinstance(s.dtype, str):
+        raise InternalError(f"lowering met a type that is not concrete: {s}")
+    return ir.TensorType(tuple(s.dims), s.dtype)
+
+
+def _substitute_binding(value: Binding, env) -> Binding:
+    if isinstance(value, DimExpr):
+        return value.substitute(dims_only(env))
+    if isinstance(value, tuple):
+        return substitute_dims(value, env)
+    if isinstance(value, str):
+        return value
+    bound = env.get(value.name)  # a DTypeVar of the caller
+    return bound if bound is not None else value
+
+
+def _env_key(env: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in env.items()))
+
+
+def _display(value) -> object:
+    if isinstance(value, DimExpr):
+        return value.as_int() if value.as_int() is not None else str(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass
+class _Scope:
+    """Lowering state for one function body."""
+
+    fn: FnSig
+    env: dict
+    block: BlockInstance | None
+    block_id: str | None
+    names: dict[str, str] = field(default_factory=dict)  # Linnet local -> emitted name
+    present: dict[str, bool] = field(default_factory=dict)  # Option param -> passed some(...)
+    loop_vars: dict[str, str] = field(default_factory=dict)  # loop variable -> sub array member
+    used_dims: set[str] = field(default_factory=set)
+
+
+class Lowerer:
+    def __init__(self, instance: Instance):
+        self.instance = instance
+        self.checked: CheckedProgram = instance.checked
+        self.blocks: dict[str, ir.Block] = {}
+        self.block_ids: dict[tuple, str] = {}  # (block key, env) -> Block.id
+        self.instances: dict[str, BlockInstance] = {}
+        self.functions: dict[str, ir.Function] = {}
+        self.function_ids: dict[tuple, str] = {}
+
+    # ---------------------------------------------------------------- blocks
+    def lower(self) -> ir.Program:
+        self._name_blocks()
+        root_id = self._block_id(self.instance.root)
+        entries = {}
+        for name, sig in self.instance.entries.items():
+            env = {**self.instance.root.env, **{d: sym(d) for d in sig.dims}}
+            fn_id = self._function(sig.fn, env, self.instance.root, ())
+            fn = self.functions[fn_id]
+            entries[name] = ir.Entry(
+                name, fn_id, list(sig.dims), [(n, ir.TensorType(tuple(t.dims), t.dtype)) for n, t in sig.params],
+                _concrete(sig.result, {}),
+                [(p.bound.left, p.bound.op, p.bound.right, p.clause.span) for p in sig.preconditions],
+                sig.dim_sources())
+            fn.dim_sources = {**sig.dim_sources(), **fn.dim_sources}
+        program = ir.Program(root_id, self.blocks, self.functions, entries)
+        ir.verify(program)
+        return program
+
+    def _name_blocks(self) -> None:
+        """One ir.Block per distinct instantiation; suffix the name only when there are several."""
+        by_block: dict[str, list[BlockInstance]] = {}
+        for inst in self.instance.root.walk():
+            key = (inst.block.key, _env_key(inst.env))
+            if key in self.block_ids:
+                continue
+            self.block_ids[key] = ""
+            by_block.setdefault(inst.block.key, []).append(inst)
+        for block_key, insts in by_block.items():
+            differing = [g.name for g in insts[0].block.generics
+                         if len({str(i.env[g.name]) for i in insts}) > 1]
+            for inst in insts:
+                name = inst.block.name
+                if len(insts) > 1:
+                    name += "_" + "_".join(str(_display(inst.env[g])) for g in differing)
+                self.block_ids[(block_key, _env_key(inst.env))] = name
+                self.instances[name] = inst
+        for name, inst in self.instances.items():
+            self.blocks[name] = self._block(name, inst)
+
+    def _block_id(self, inst: BlockInstance) -> str:
+        return self.block_ids[(inst.block.key, _env_key(inst.env))]
+
+    def _block(self, block_id: str, inst: BlockInstance) -> ir.Block:
+        sig = inst.block
+        params = [(name, _concrete(t, inst.env)) for name, (t, _) in sig.params.items()]
+        subs = []
+        for name, child in inst.children.items():
+            if isinstance(child, list):
+                subs.append(ir.Sub(name, self._block_id(child[0]), len(child)))
+            else:
+                subs.append(ir.Sub(name, self._block_id(child), None))
+        return ir.Block(block_id, sig.name, sig.key, {k: _display(v) for k, v in inst.env.items()}, params, subs,
+                        span=sig.node.name_span)
+
+    # ------------------------------------------------------------- functions
+    def _function(self, sig: FnSig, env: dict, block: BlockInstance | None, presence: tuple) -> str:
+        block_id = self._block_id(block) if block is not None else None
+        key = (sig.key, block_id, _env_key(env), presence)
+        if key in self.function_ids:
+            return self.function_ids[key]
+        fn_id = self._new_function_id(sig, block_id)
+        self.function_ids[key] = fn_id
+        scope = _Scope(sig, env, block, block_id)
+        params: list[tuple[str, ir.TensorType | None]] = []
+        option_params = [name for name, t, _ in sig.params if isinstance(t, OptionT)]
+        for (name, t, _), is_present in zip(sig.params, presence or (True,) * len(sig.params)):
+            scope.names[name] = name
+            if isinstance(t, OptionT):
+                scope.present[name] = is_present
+                params.append((name, _concrete(t.inner, env) if is_present else None))
+            else:
+                params.append((name, self._param_type(t, env)))
+        del option_params
+        fn = ir.Function(fn_id, sig.name, sig.key, block_id, params, [], _concrete(sig.result, env),
+                         sig.node.span, self._generics_for_comment(sig, env))
+        self.functions[fn_id] = fn
+        if block_id is not None:
+            self.blocks[block_id].methods.setdefault(sig.name, fn_id)
+        fn.body = self._stmts(sig.node.body, scope)
+        fn.dim_sources = self._dim_sources(fn, scope)
+        return fn_id
+
+    def _param_type(self, t: Type, env) -> ir.TensorType | None:
+        s = substitute(t, env)
+        return _concrete(s, {}) if isinstance(s, TensorT) else None
+
+    def _new_function_id(self, sig: FnSig, block_id: str | None) -> str:
+        base = f"{block_id}.{sig.name}" if block_id else sig.name
+        candidate, n = base, 2
+        while candidate in self.functions:
+            candidate, n = f"{base}_{n}", n + 1
+        return candidate
+
+    def _generics_for_comment(self, sig: FnSig, env) -> dict:
+        return {name: _display(env[name]) for name in sig.scope if name in env}
+
+    def _dim_sources(self, fn: ir.Function, scope: _Scope) -> dict[str, tuple[str, int]]:
+        sources: dict[str, tuple[str, int]] = {}
+        for dim in sorted(scope.used_dims):
+            for name, t in fn.params:
+                if t is None:
+                    continue
+                axis = next((i for i, d in enumerate(t.dims) if d == sym(dim)), None)
+                if axis is not None:
+                    sources[dim] = (name, axis)
+                    break
+            else:
+                raise LinnetError(Diagnostic(
+                    "E0601", f"`{fn.name}` uses the dim `{dim}` at run time, but none of its inputs has an axis "
+                    f"of exactly that size, so the generated code could not read it", fn.span))
+        return sources
+
+    # ------------------------------------------------------------ statements
+    def _stmts(self, stmts: list[ast.Stmt], scope: _Scope) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for stmt in stmts:
+            out.extend(self._stmt(stmt, scope))
+        return out
+
+    def _stmt(self, stmt: ast.Stmt, scope: _Scope) -> list[ir.Stmt]:
+        line = stmt.span.line
+        if isinstance(stmt, ast.Let):
+            scope.names[stmt.name] = stmt.name
+            return [ir.Let(stmt.name, self._expr(stmt.value, scope), line)]
+        if isinstance(stmt, ast.Assign):
+            return [ir.Assign(scope.names[stmt.name], self._expr(stmt.value, scope), line)]
+        if isinstance(stmt, ast.Return):
+            return [ir.Return(self._expr(stmt.value, scope), line)]
+        if isinstance(stmt, ast.StaticFor):
+            scope.loop_vars[stmt.var] = stmt.iterable
+            body = self._stmts(stmt.body, scope)
+            return [ir.Loop(stmt.var, stmt.iterable, tuple(body), line)]
+        if isinstance(stmt, ast.IfSome):
+            # Decided here: the instantiation knows whether the Option was passed.
+            option = stmt.option.name
+            if scope.present.get(option):
+                scope.names[stmt.binding] = scope.names[option]
+                return self._stmts(stmt.then_body, scope)
+            return self._stmts(stmt.else_body, scope)
+        raise InternalError(f"cannot lower statement {type(stmt).__name__}")
+
+    # ----------------------------------------------------------- expressions
+    def _type_of(self, node, scope: _Scope) -> Type:
+        try:
+            return substitute(self.checked.types[id(node)], scope.env)
+        except KeyError:
+            raise InternalError(f"no recorded type for expression at {node.span}") from None
+
+    def _tensor_type(self, node, scope) -> ir.TensorType:
+        return _concrete(self._type_of(node, scope), {})
+
+    def _dim(self, expr: DimExpr, scope: _Scope) -> ir.DimValue:
+        scope.used_dims |= set(expr.free_symbols())
+        return ir.DimValue(expr)
+
+    def _expr(self, node: ast.Expr, scope: _Scope) -> ir.Expr:
+        return getattr(self, f"_lower_{type(node).__name__.lower()}")(node, scope)
+
+    def _lower_name(self, node: ast.Name, scope: _Scope) -> ir.Expr:
+        info = self.checked.names.get(id(node))
+        t = self._type_of(node, scope)
+        if info is None:
+            raise InternalError(f"unresolved name `{node.name}` at {node.span}")
+        if info.kind == "local":
+            return ir.Ref(scope.names.get(node.name, node.name), _concrete(t, {}))
+        if info.kind == "param":
+            return ir.ParamRef(node.name, _concrete(t, {}))
+        if info.kind == "dim":
+            return self._dim(t.expr, scope)
+        value, dtype = self.checked.consts[info.target]
+        if isinstance(t, DimT):
+            return ir.DimValue(t.expr)
+        return ir.Scalar(float(value), _concrete(t, {}))
+
+    def _lower_intlit(self, node: ast.IntLit, scope) -> ir.Expr:
+        return ir.DimValue(const(node.value))
+
+    def _lower_floatlit(self, node: ast.FloatLit, scope) -> ir.Expr:
+        return ir.Scalar(node.value, ir.TensorType((), "f32"))
+
+    def _lower_nonelit(self, node, scope) -> ir.Expr:
+        return ir.Absent()
+
+    def _lower_unary(self, node: ast.Unary, scope) -> ir.Expr:
+        t = self._type_of(node, scope)
+        operand = self._expr(node.operand, scope)
+        if isinstance(t, DimT):
+            return self._dim(t.expr, scope)
+        if isinstance(operand, ir.Scalar):
+            return ir.Scalar(-operand.value, operand.type)
+        return ir.Op("neg", (operand,), _concrete(t, {}), node.span.line)
+
+    def _lower_binary(self, node: ast.Binary, scope) -> ir.Expr:
+        t = self._type_of(node, scope)
+        if isinstance(t, DimT):
+            return self._dim(t.expr, scope)
+        result = _concrete(t, {})
+        left, right = self._expr(node.left, scope), self._expr(node.right, scope)
+        args = tuple(self._as_operand(a, result.dtype) for a in (left, right))
+        if all(isinstance(a, ir.Scalar) for a in args):
+            return ir.Scalar(_fold_arith(node.op, args[0].value, args[1].value), result)
+        return ir.Op(_ARITH[node.op], args, result, node.span.line)
+
+    @staticmethod
+    def _as_operand(expr: ir.Expr, dtype: str) -> ir.Expr:
+        """Numbers in a tensor expression take the expression's dtype."""
+        if isinstance(expr, ir.DimValue) and expr.expr.as_int() is not None:
+            return ir.Scalar(float(expr.expr.as_int()), ir.TensorType((), dtype))
+        if isinstance(expr, ir.Scalar):
+            return ir.Scalar(expr.value, ir.TensorType((), dtype))
+        return expr
+
+    def _lower_index(self, node: ast.Index, scope) -> ir.Expr:
+        target = self._expr(node.target, scope)
+        items = []
+        for item in node.items:
+            if isinstance(item, ast.Slice):
+                start = self._static(item.start, scope) if item.start is not None else const(0)
+                stop = self._static(item.stop, scope) if item.stop is not None else None
+                items.append(("slice", start, stop))
+            else:
+                items.append(("index", self._static(item, scope)))
+        return ir.Op("index", (target,), self._tensor_type(node, scope), node.span.line, (("items", tuple(items)),))
+
+    def _static(self, node, scope) -> DimExpr:
+        t = self._type_of(node, scope)
+        scope.used_dims |= set(t.expr.free_symbols())
+        return t.expr
+
+    def _lower_call(self, node: ast.Call, scope: _Scope) -> ir.Expr:
+        if node.name == "some":
+            return self._expr(node.args[0], scope)
+        info = self.checked.calls.get(id(node))
+        if info is None:
+            raise InternalError(f"unresolved call `{node.name}` at {node.span}")
+        if info.kind == "prim":
+            return self._prim(node, info, scope)
+        block = scope.block if info.kind == "self" else None
+        return self._call(node, info, scope, block, "self" if info.kind == "self" else None)
+
+    def _lower_methodcall(self, node: ast.MethodCall, scope: _Scope) -> ir.Expr:
+        info = self.checked.calls[id(node)]
+        receiver = node.receiver.name
+        member = scope.loop_vars.get(receiver, receiver)
+        child = scope.block.children[member]
+        block = child[0] if isinstance(child, list) else child
+        return self._call(node, info, scope, block, receiver)
+
+    def _call(self, node, info, scope: _Scope, block: BlockInstance | None, receiver: str | None) -> ir.Expr:
+        callee = self.checked.functions[info.target]
+        env = {k: _substitute_binding(v, scope.env) for k, v in info.bindings}
+        if block is not None:
+            env = {**block.env, **{k: v for k, v in env.items() if k not in block.env}}
+        presence = tuple(not isinstance(self._type_of(a, scope), NoneT) for a in node.args)
+        if not any(isinstance(t, OptionT) for _, t, _ in callee.params):
+            presence = ()
+        fn_id = self._function(callee, env, block, presence)
+        args = tuple(self._expr(a, scope) for a in node.args)
+        return ir.Call(fn_id, args, self._tensor_type(node, scope), node.span.line, receiver)
+
+    # ------------------------------------------------------------ primitives
+    def _prim(self, node: ast.Call, info, scope: _Scope) -> ir.Expr:
+        name = node.name
+        result_t = self._type_of(node, scope)
+        dtypes = [_substitute_binding(v, scope.env) for _, v in info.bindings]
+        if name == "iota":
+            n = self._static(node.args[0], scope)
+            return ir.Op("iota", (), _concrete(result_t, {}), node.span.line, (("n", n), ("dtype", dtypes[0])))
+        if name == "cast":
+            arg = self._expr(node.args[0], scope)
+            if isinstance(arg, ir.DimValue) and arg.expr.as_int() is not None:
+                return ir.Scalar(float(arg.expr.as_int()), _concrete(result_t, {}))
+            return ir.Op("cast", (arg,), _concrete(result_t, {}), node.span.line, (("dtype", dtypes[0]),))
+        result = _concrete(result_t, {})
+        if name in ("reshape", "permute"):
+            x = self._expr(node.args[0], scope)
+            items = substitute(self.checked.types[id(node.args[1])], scope.env)
+            assert isinstance(items, ListT)
+            if name == "reshape":
+                for d in items.items:
+                    scope.used_dims |= set(d.free_symbols())
+                return ir.Op("reshape", (x,), result, node.span.line, (("shape", items.items),))
+            return ir.Op("permute", (x,), result, node.span.line, (("perm", tuple(d.as_int() for d in items.items)),))
+        if name in ("sum", "mean", "max", "softmax"):
+            x = self._expr(node.args[0], scope)
+            axis = self._static(node.args[1], scope).as_int() if len(node.args) > 1 else -1
+            return ir.Op(name, (x,), result, node.span.line, (("axis", axis),))
+        args = tuple(self._as_operand(self._expr(a, scope), result.dtype) for a in node.args)
+        if name in _FOLDABLE and isinstance(args[0], ir.Scalar):
+            return ir.Scalar(_FOLDABLE[name](args[0].value), result)
+        return ir.Op(name, args, result, node.span.line)
+
+
+def _fold_arith(op: str, a: float, b: float) -> float:
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else math.inf}[op]
+
+
+def lower(instance: Instance) -> ir.Program:
+    """Lower one instantiated model to the backend-neutral program every emitter reads."""
+    return Lowerer(instance).lower()
