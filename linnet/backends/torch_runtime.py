@@ -1,0 +1,89 @@
+"""Running generated PyTorch source: build the modules on the meta device, bind, call.
+
+The generated file is written to the on-disk cache and imported from there, so tracebacks
+show its lines and their `# file:line` comments.  Parameters are created on the `meta`
+device (no memory), then replaced by the checkpoint's tensors with `load_state_dict(...,
+assign=True)`: weights are read once, straight from the memory-mapped safetensors.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .. import ir
+from ..diagnostics import Diagnostic, LinnetError
+from .pysource import py_name
+
+TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+MODES = ("eager", "compile", "cudagraphs")
+
+
+def import_generated(path: Path, module_name: str):
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # torch.compile and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def torch_param_name(path: str) -> str:
+    """A Linnet param path (`layers.0.up.weight`) as the generated module's state-dict key."""
+    return ".".join(part if part.isdigit() else py_name(part) for part in path.split("."))
+
+
+def _resolve_device(device):
+    import torch
+
+    if device is None:
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: {exc}")) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but torch sees no CUDA device"))
+    return resolved
+
+
+class TorchRuntime:
+    backend = "torch"
+
+    def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict,
+                 *, device=None, mode: str | None = None):
+        import torch
+
+        mode = mode or "eager"
+        if mode not in MODES:
+            raise LinnetError(Diagnostic("E0802", f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
+        self.device = _resolve_device(device)
+        if mode == "cudagraphs" and self.device.type != "cuda":
+            raise LinnetError(Diagnostic("E0802", "mode='cudagraphs' captures CUDA graphs and needs device='cuda'"))
+        self.program = program
+        self.mode = mode
+        generated = import_generated(source_path, module_name)
+        with torch.device("meta"):
+            model = getattr(generated, py_name(program.root))()
+        state = {torch_param_name(name): tensor for name, tensor in tensors.items()}
+        model.load_state_dict(state, strict=True, assign=True)
+        self.model = model.to(self.device).eval()
+        self._entries = {name: self._prepare(name) for name in program.entries}
+
+    def _prepare(self, entry: str):
+        import torch
+
+        method = getattr(self.model, py_name(entry))
+        if self.mode == "compile":
+            return torch.compile(method, dynamic=True)
+        if self.mode == "cudagraphs":
+            return torch.compile(method, mode="reduce-overhead")
+        return method
+
+    def run(self, entry: str, inputs: list[np.ndarray]):
+        import torch
+
+        tensors = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in inputs]
+        with torch.inference_mode():
+            return self._entries[entry](*tensors)

@@ -1,0 +1,199 @@
+"""Checking inputs at run time, the same way for every backend.
+
+An entry's signature says what its inputs must be: rank, integer or float dtype, dims that
+agree across inputs (every `S` is the same `S`), and `where` preconditions over those dims
+(`S <= 512`).  Lowering also tells which inputs index an embedding table, so ids outside
+`[0, rows)` are caught here with the argument named, not deep inside a gather kernel.
+Inputs are validated as numpy arrays (token tensors are small) and cast to the declared
+dtype; each backend then moves them to its own tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ir
+from .diagnostics import Diagnostic, LinnetError, Note
+from .dims import DimError, sym
+
+NUMPY_DTYPES = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32,
+                "i16": np.int16, "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
+
+_COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
+            "!=": np.not_equal}
+
+
+@dataclass(frozen=True)
+class IndexBound:
+    """Values of an input select rows of a table: they must lie in [0, rows)."""
+
+    rows: int
+    table: str  # the block param, for messages
+
+
+def index_bounds(program: ir.Program, entry: ir.Entry) -> dict[str, IndexBound]:
+    """Entry inputs that reach a `take` as its ids, followed through calls."""
+    bounds: dict[str, IndexBound] = {}
+    visited: set[tuple[str, tuple]] = set()
+
+    def scan_expr(expr, fn: ir.Function, origin: dict[str, str]) -> None:
+        if isinstance(expr, ir.Op):
+            if expr.op == "take" and isinstance(expr.args[1], ir.Ref) and expr.args[1].name in origin:
+                table = expr.args[0]
+                rows = table.type.dims[0].as_int()
+                if rows is not None:
+                    name = table.name if isinstance(table, (ir.Ref, ir.ParamRef)) else "a table"
+                    current = bounds.get(origin[expr.args[1].name])
+                    if current is None or rows < current.rows:
+                        bounds[origin[expr.args[1].name]] = IndexBound(rows, name)
+            for a in expr.args:
+                scan_expr(a, fn, origin)
+        elif isinstance(expr, ir.Call):
+            callee = program.functions[expr.function]
+            mapping = {p: origin[a.name] for (p, _), a in zip(callee.params, expr.args)
+                       if isinstance(a, ir.Ref) and a.name in origin}
+            for a in expr.args:
+                scan_expr(a, fn, origin)
+            if mapping:
+                scan_function(callee, mapping)
+
+    def scan_stmts(stmts, fn, origin) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ir.Loop):
+                scan_stmts(stmt.body, fn, origin)
+            else:
+                scan_expr(stmt.value, fn, origin)
+
+    def scan_function(fn: ir.Function, origin: dict[str, str]) -> None:
+        key = (fn.id, tuple(sorted(origin.items())))
+        if key in visited:
+            return
+        visited.add(key)
+        scan_stmts(fn.body, fn, origin)
+
+    fn = program.functions[entry.function]
+    scan_function(fn, {name: name for name, _ in entry.inputs})
+    return bounds
+
+
+def _signature_of(entry: ir.Entry) -> str:
+    params = ", ".join(f"{n}: {t}" for n, t in entry.inputs)
+    return f"{entry.name}({params}) -> {entry.result}"
+
+
+class InputError(LinnetError):
+    """An input that does not fit the entry's signature; the message names the argument."""
+
+
+def _input_error(entry: ir.Entry, message: str, *notes: str) -> InputError:
+    return InputError(Diagnostic("E0701", message, None,
+                                 tuple(Note(n) for n in notes) + (Note(f"signature: {_signature_of(entry)}"),)))
+
+
+def to_numpy(value, name: str, entry: ir.Entry) -> np.ndarray:
+    """Accept numpy arrays, torch/JAX tensors, nested lists and scalars; refuse ragged lists."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise _input_error(entry, f"`{name}` is not a rectangular array: {exc}") from None
+    if array.dtype == object:
+        raise _input_error(entry, f"`{name}` is not a rectangular array of numbers (ragged or mixed nested lists)")
+    return array
+
+
+class InputValidator:
+    """Validates and converts the inputs of one entry."""
+
+    def __init__(self, program: ir.Program, entry: ir.Entry):
+        self.entry = entry
+        self.bounds = index_bounds(program, entry)
+
+    def __call__(self, args: tuple, kwargs: dict) -> tuple[list[np.ndarray], dict[str, int]]:
+        values = self._bind_arguments(args, kwargs)
+        arrays = [to_numpy(values[name], name, self.entry) for name, _ in self.entry.inputs]
+        dims: dict[str, int] = {}
+        converted = []
+        for (name, t), array in zip(self.entry.inputs, arrays):
+            self._check_dtype(name, t, array)
+            self._bind_dims(name, t, array, dims)
+        self._check_nonempty(dims)
+        self._check_preconditions(dims)
+        for (name, t), array in zip(self.entry.inputs, arrays):
+            self._check_bounds(name, array)
+            converted.append(np.ascontiguousarray(array.astype(NUMPY_DTYPES[t.dtype], copy=False)))
+        return converted, dims
+
+    def _bind_arguments(self, args: tuple, kwargs: dict) -> dict:
+        names = [n for n, _ in self.entry.inputs]
+        if len(args) > len(names):
+            raise _input_error(self.entry, f"`{self.entry.name}` takes {len(names)} inputs, got {len(args)}")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise _input_error(self.entry, f"`{self.entry.name}` has no input `{key}`")
+            if key in values:
+                raise _input_error(self.entry, f"`{key}` given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise _input_error(self.entry, f"`{self.entry.name}` is missing input {', '.join(f'`{m}`' for m in missing)}")
+        return values
+
+    def _check_dtype(self, name: str, t: ir.TensorType, array: np.ndarray) -> None:
+        want_int = t.dtype.startswith(("i", "u"))
+        kind = array.dtype.kind
+        if want_int and kind not in "iu":
+            raise _input_error(self.entry, f"`{name}` must hold integers ({t}), found dtype {array.dtype}",
+                               "token ids and type ids are integers; convert with .astype(int) if the values are whole")
+        if not want_int and kind not in "fiu":
+            raise _input_error(self.entry, f"`{name}` must hold numbers ({t}), found dtype {array.dtype}")
+
+    def _bind_dims(self, name: str, t: ir.TensorType, array: np.ndarray, dims: dict[str, int]) -> None:
+        if array.ndim != t.rank:
+            raise _input_error(self.entry, f"`{name}` must have rank {t.rank} ({t}), found shape {tuple(array.shape)}")
+        for axis, (expected, actual) in enumerate(zip(t.dims, array.shape)):
+            value = expected.as_int()
+            if value is not None:
+                if value != actual:
+                    raise _input_error(self.entry, f"`{name}` axis {axis} must be {value} ({t}), found {actual}")
+                continue
+            names = [d for d in self.entry.dims if expected == sym(d)]
+            if not names:
+                continue
+            dim = names[0]
+            if dim in dims and dims[dim] != actual:
+                first = next(n for n, tt in self.entry.inputs if any(d == sym(dim) for d in tt.dims))
+                raise _input_error(self.entry, f"`{name}` has {dim} = {actual} on axis {axis}, but `{first}` has "
+                                   f"{dim} = {dims[dim]}: inputs must agree on {dim}")
+            dims[dim] = actual
+
+    def _check_nonempty(self, dims: dict[str, int]) -> None:
+        for dim, value in dims.items():
+            if value == 0:
+                raise _input_error(self.entry, f"{dim} = 0: `{self.entry.name}` needs at least one element along {dim}")
+
+    def _check_preconditions(self, dims: dict[str, int]) -> None:
+        for left, op, right, span in self.entry.preconditions:
+            try:
+                lv, rv = left.evaluate(dims), right.evaluate(dims)
+            except DimError:
+                continue
+            if not _COMPARE[op](lv, rv):
+                values = ", ".join(f"{d} = {dims[d]}" for d in sorted(left.free_symbols() | right.free_symbols()) if d in dims)
+                raise InputError(Diagnostic(
+                    "E0702", f"`{self.entry.name}` requires {left} {op} {right}, but {values}", span,
+                    (Note(f"declared by this `where` clause (the model's limit; e.g. truncate longer sequences)"),)))
+
+    def _check_bounds(self, name: str, array: np.ndarray) -> None:
+        bound = self.bounds.get(name)
+        if bound is None or array.size == 0:
+            return
+        low, high = array.min(), array.max()
+        if low < 0 or high >= bound.rows:
+            bad = array[(array < 0) | (array >= bound.rows)]
+            where = tuple(int(i) for i in np.argwhere((array < 0) | (array >= bound.rows))[0])
+            raise _input_error(self.entry, f"`{name}` holds {int(bad.flat[0])} at {list(where)}, but it indexes "
+                               f"`{bound.table}`, which has {bound.rows} rows: values must be in [0, {bound.rows})")
