@@ -1,0 +1,524 @@
+"""Zoo entry manifests: find an entry folder, read its `nest.toml` and `linnet.toml`, check them.
+
+A zoo entry is a folder holding `nest.toml` (what the model is, where its Linnet source and
+its checkpoint come from) and `linnet.toml` (the Linnet package it is).  Both are validated
+strictly: a missing or mistyped field, an unknown key or table (usually a typo that would
+otherwise be silently ignored), a path that leaves the entry folder, a revision that is a
+branch name rather than a commit, all become `LinnetError`s whose message names the file and
+the field, e.g. ``nest.toml: [weights].revision must be a 40-hex commit id, found "main"``.
+Every problem in both files is reported at once, each pointing at its line where it can be
+found.
+
+`[source]` either names the package source inside the entry (`path`) or reuses another zoo
+entry's package (`zoo = "bert-base-uncased"`), so a checkpoint of the same architecture needs
+no copy of the code; `Manifest.source_dir()` resolves either form to the package folder.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, Callable
+
+from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
+from ..params import DTYPES
+from ..paths import zoo_dir
+
+#: Every diagnostic code this module raises, with what it means.
+CODES = {
+    "E0901": "no zoo entry by that name, or the folder has no nest.toml",
+    "E0902": "a manifest file is missing or is not readable UTF-8 text",
+    "E0903": "a manifest file is not valid TOML",
+    "E0904": "a required table or field is missing",
+    "E0905": "a field has the wrong type",
+    "E0906": "an unknown table or field (usually a typo)",
+    "E0907": "a path is absolute or climbs out of the entry folder with `..`",
+    "E0908": "[weights].revision is not a 40-hex-digit commit id",
+    "E0909": "a [weights].sha256 pin is not 64 hex digits, or pins a file not in [weights].files",
+    "E0910": "[source] must give exactly one of `path` and `zoo`",
+    "E0911": "[source].zoo names no zoo entry, or the chain of reused entries loops",
+    "E0912": "a field's value is of the right type but not one it accepts",
+}
+
+NEST_TOML = "nest.toml"
+LINNET_TOML = "linnet.toml"
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """`[source]`: where the Linnet package lives and which block/entry point to instantiate.
+
+    Exactly one of `path` (absolute: the entry folder joined with the manifest's relative
+    path) and `zoo` (the name of another entry whose package is reused) is set.
+    """
+
+    path: Path | None
+    zoo: str | None
+    root: str
+    entry: str
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    """`[weights]`: a Hugging Face repo pinned to a commit, its files, and the bindings file.
+
+    `bindings` is absolute; `sha256` maps some of `files` to their expected digest.
+    """
+
+    repo: str
+    revision: str
+    files: tuple[str, ...]
+    bindings: Path
+    sha256: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PackageSpec:
+    """`linnet.toml`'s `[package]`."""
+
+    name: str
+    version: str
+    language: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One validated zoo entry."""
+
+    dir: Path
+    name: str
+    title: str
+    summary: str
+    license: str
+    family: str
+    tags: tuple[str, ...]
+    links: dict[str, str]
+    source: SourceSpec
+    generics: dict[str, int | str]
+    check: dict[str, int]
+    weights: WeightsSpec | None
+    package: PackageSpec
+
+    def source_manifest(self) -> "Manifest":
+        """The entry that owns the Linnet source: this one, or the one `[source].zoo` reuses."""
+        current, visited = self, [self.dir.resolve()]
+        while current.source.zoo is not None:
+            target = _find_reused_entry(current)
+            if target.resolve() in visited:
+                chain = " -> ".join([*(p.name for p in visited), target.name])
+                raise error("E0911", f"{NEST_TOML}: [source].zoo entries reuse each other in a loop: "
+                                     f"{chain}", None, Note(f"in {current.dir / NEST_TOML}"))
+            visited.append(target.resolve())
+            current = load_manifest(target)
+        return current
+
+    def source_dir(self) -> Path:
+        """The folder of the Linnet package to compile (it holds that package's linnet.toml)."""
+        return self.source_manifest().dir
+
+    def source_file(self) -> Path:
+        """The package's source file, `[source].path` of the entry that owns the source."""
+        path = self.source_manifest().source.path
+        assert path is not None  # source_manifest() stops only at an entry with a path
+        return path
+
+
+# --------------------------------------------------------------------------- finding entries
+
+
+def known_entries(folder: Path | None = None) -> list[str]:
+    """Names of the zoo entries (sub-folders holding a nest.toml), sorted."""
+    folder = zoo_dir() if folder is None else folder
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / NEST_TOML).is_file())
+
+
+def find_entry(name_or_path: str | Path) -> Path:
+    """The folder of a zoo entry given as a folder path or as a zoo name.
+
+    An existing folder with a nest.toml (or that nest.toml itself) wins, so a local copy of
+    an entry can be loaded; then a name under `zoo_dir()`; anything else is an error listing
+    the known entries.
+    """
+    candidate = Path(name_or_path)
+    if candidate.name == NEST_TOML and candidate.is_file():
+        candidate = candidate.parent
+    if (candidate / NEST_TOML).is_file():
+        return candidate.resolve()
+    if isinstance(name_or_path, str) and _is_plain_name(name_or_path):
+        in_zoo = zoo_dir() / name_or_path
+        if (in_zoo / NEST_TOML).is_file():
+            return in_zoo
+    if candidate.is_dir():
+        raise error("E0901", f"folder {candidate} has no {NEST_TOML}, so it is not a zoo entry")
+    raise _unknown_entry(str(name_or_path), known_entries())
+
+
+def _is_plain_name(text: str) -> bool:
+    return bool(text) and "/" not in text and "\\" not in text and text not in (".", "..")
+
+
+def _unknown_entry(name: str, known: list[str]) -> LinnetError:
+    notes = [Note(f"known entries: {', '.join(known) if known else '(none)'}")]
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        notes.insert(0, Note(f"did you mean {close[0]!r}?"))
+    return error("E0901", f"no zoo entry named {name!r} (and no folder by that name with a "
+                          f"{NEST_TOML})", None, *notes)
+
+
+def _find_reused_entry(manifest: Manifest) -> Path:
+    # A sibling first, so a folder of entries copied out of the zoo keeps reusing its own
+    # copies; then the zoo itself, so a single entry copied elsewhere still finds its base.
+    name = manifest.source.zoo
+    assert name is not None
+    for folder in (manifest.dir.parent / name, zoo_dir() / name):
+        if (folder / NEST_TOML).is_file():
+            return folder
+    raise error("E0911", f"{NEST_TOML}: [source].zoo names {name!r}, but there is no such zoo "
+                         f"entry", None, Note(f"in {manifest.dir / NEST_TOML}"),
+                Note(f"known entries: {', '.join(known_entries()) or '(none)'}"))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_manifest(name_or_path: str | Path) -> Manifest:
+    """Find, read and validate an entry; raise one `LinnetError` listing every problem."""
+    entry_dir = find_entry(name_or_path)
+    problems: list[Diagnostic] = []
+    nest = _TomlFile.read(entry_dir / NEST_TOML, problems)
+    linnet = _TomlFile.read(entry_dir / LINNET_TOML, problems)
+    package = _read_package(linnet) if linnet is not None else None
+    manifest = _build_manifest(entry_dir, nest, package) if nest is not None else None
+    for file in (nest, linnet):
+        if file is not None:
+            problems.extend(file.problems)
+    if problems:
+        raise LinnetError(problems)
+    assert manifest is not None
+    return manifest
+
+
+def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
+    root = nest.root(allowed=("model", "links", "source", "generics", "check", "weights"))
+    model = root.table("model", required=True)
+    fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
+    tags = tuple(model.take("tags", _STR_LIST, required=False) or ())
+    model.finish()
+    links = root.table("links", required=False).map("a string", _is_str)
+    source = _read_source(entry_dir, root.table("source", required=True))
+    generics = _read_generics(root.table("generics", required=False))
+    check = root.table("check", required=False).map("an integer", _is_int)
+    weights = _read_weights(entry_dir, root.table("weights", required=False))
+    if nest.problems or source is None or package is None:
+        return None
+    return Manifest(dir=entry_dir, tags=tags, links=links, source=source, generics=generics,
+                    check=check, weights=weights, package=package, **fields)
+
+
+def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
+    path = table.take("path", _STR, required=False)
+    zoo = table.take("zoo", _STR, required=False)
+    root = table.take("root", _STR)
+    entry = table.take("entry", _STR)
+    table.finish()
+    # Presence, not validity: a mistyped `path` was reported already and is not "neither".
+    given = [key for key in ("path", "zoo") if key in table.data]
+    if table.present and len(given) != 1:
+        table.problem("E0910", None, "[source] must give exactly one of `path` (this entry's own "
+                                     "source) and `zoo` (another entry's), "
+                                     + ("found both" if given else "found neither"))
+        return None
+    if zoo is not None and not _is_plain_name(zoo):
+        table.problem("E0912", "zoo", f"[source].zoo must be a zoo entry name, found {zoo!r}")
+        return None
+    resolved = table.inside_entry(entry_dir, "path", path) if path is not None else None
+    if root is None or entry is None or (path is not None and resolved is None):
+        return None
+    return SourceSpec(path=resolved, zoo=zoo, root=root, entry=entry)
+
+
+def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
+    repo = table.take("repo", _STR)
+    revision = table.take("revision", _STR)
+    files = table.take("files", _STR_LIST)
+    bindings = table.take("bindings", _STR)
+    pins = table.take("sha256", _TABLE, required=False) or {}
+    table.finish()
+    if not table.present:
+        return None
+    if repo is not None and not _REPO_ID.fullmatch(repo):
+        table.problem("E0912", "repo", f"[weights].repo must be a Hugging Face repo id like "
+                                       f"\"owner/name\", found {repo!r}")
+    if revision is not None and not _COMMIT.fullmatch(revision):
+        table.problem("E0908", "revision", f"[weights].revision must be a 40-hex commit id, found "
+                                           f"\"{revision}\"")
+    _check_repo_files(table, files)
+    bindings_path = table.inside_entry(entry_dir, "bindings", bindings) if bindings else None
+    _check_pins(table, pins, files)
+    if None in (repo, revision, files, bindings_path):
+        return None
+    return WeightsSpec(repo=repo, revision=revision, files=tuple(files), bindings=bindings_path,
+                       sha256=dict(pins))
+
+
+def _check_repo_files(table: "_Table", files: list[str] | None) -> None:
+    if files is None:
+        return
+    if not files:
+        table.problem("E0912", "files", "[weights].files must list at least one checkpoint file")
+    for name in files:
+        if _escapes(name):
+            table.problem("E0907", "files", f"[weights].files entry {name!r} must be a path inside "
+                                            f"the repository")
+    duplicates = sorted({name for name in files if files.count(name) > 1})
+    if duplicates:
+        table.problem("E0912", "files", f"[weights].files lists {', '.join(map(repr, duplicates))} "
+                                        f"more than once")
+
+
+def _check_pins(table: "_Table", pins: dict[str, Any], files: list[str] | None) -> None:
+    for name, digest in pins.items():
+        if files is not None and name not in files:
+            table.problem("E0909", "sha256", f"[weights].sha256 pins {name!r}, which is not in "
+                                             f"[weights].files {files}")
+        elif not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            table.problem("E0909", "sha256", f"[weights].sha256.\"{name}\" must be 64 lowercase hex "
+                                             f"digits, found {_describe(digest)}")
+
+
+def _read_generics(table: "_Table") -> dict[str, int | str]:
+    generics = table.map("an integer or a dtype name", lambda v: _is_int(v) or isinstance(v, str))
+    for name, value in list(generics.items()):
+        if isinstance(value, str) and value not in DTYPES:
+            table.problem("E0912", name, f"[generics].{name} must be an integer or a dtype name "
+                                         f"({', '.join(DTYPES)}), found \"{value}\"")
+            del generics[name]
+    return generics
+
+
+def _read_package(linnet: "_TomlFile") -> PackageSpec | None:
+    package = linnet.root(allowed=("package",)).table("package", required=True)
+    fields = {key: package.take(key, _STR) for key in ("name", "version", "language")}
+    package.finish()
+    if None in fields.values():
+        return None
+    return PackageSpec(**fields)
+
+
+# --------------------------------------------------------------------------- typed access
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # TOML `true` is not a 1
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What a field must be: the phrase used in messages, and the test."""
+
+    phrase: str
+    accepts: Callable[[Any], bool]
+
+
+_STR = _Kind("a string", _is_str)
+_STR_LIST = _Kind("an array of strings", lambda v: isinstance(v, list) and all(map(_is_str, v)))
+_TABLE = _Kind("a table", lambda v: isinstance(v, dict))
+
+
+def _describe(value: Any) -> str:
+    """A found value as messages quote it: `"main"`, `integer 3`, `an array`, ..."""
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"{type(value).__name__} {value}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _escapes(path: str) -> bool:
+    """Whether a manifest path is absolute (on any OS) or climbs with `..`."""
+    posix, windows = PurePosixPath(path), PureWindowsPath(path)
+    return (not path or posix.is_absolute() or windows.is_absolute() or bool(windows.drive)
+            or ".." in posix.parts or ".." in windows.parts)
+
+
+class _TomlFile:
+    """One parsed TOML file, its text (to point diagnostics at lines) and its problems so far."""
+
+    def __init__(self, path: Path, text: str, data: dict[str, Any]):
+        self.path = path
+        self.lines = text.splitlines()
+        self.data = data
+        self.problems: list[Diagnostic] = []
+
+    @classmethod
+    def read(cls, path: Path, problems: list[Diagnostic]) -> "_TomlFile | None":
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc}"
+            problems.append(Diagnostic("E0902", f"{path.name}: {path} {reason}"))
+            return None
+        try:
+            return cls(path, text, tomllib.loads(text))
+        except tomllib.TOMLDecodeError as exc:
+            problems.append(_syntax_error(path, str(exc)))
+            return None
+
+    def root(self, allowed: tuple[str, ...]) -> "_Root":
+        return _Root(self, allowed)
+
+    def problem(self, code: str, table: str | None, key: str | None, message: str) -> None:
+        span = self.locate(table, key)
+        notes = () if span else (Note(f"in {self.path}"),)
+        self.problems.append(Diagnostic(code, f"{self.path.name}: {message}", span, notes))
+
+    def locate(self, table: str | None, key: str | None) -> Span | None:
+        """The line that defines `key` in `[table]` (or the table's header), if it is simple to find.
+
+        A line scan, not a TOML parser: it finds `key = ...` under a `[table]` header, which
+        is how manifests are written; anything fancier simply gets no span.
+        """
+        current, header = None, None
+        key_pattern = re.compile(rf"\s*([\"']?){re.escape(key)}\1\s*=") if key else None
+        for number, line in enumerate(self.lines, start=1):
+            stripped = line.strip()
+            if stripped.startswith("[") and not stripped.startswith("[["):
+                current = stripped[1:].split("]", 1)[0].strip()
+                if current == table:
+                    header = self._span(number, line)
+                continue
+            if current == table and key_pattern is not None and key_pattern.match(line):
+                return self._span(number, line)
+        return header
+
+    def _span(self, number: int, line: str) -> Span:
+        start = len(line) - len(line.lstrip()) + 1
+        return Span(str(self.path), number, start, number, len(line.rstrip()) + 1)
+
+
+def _syntax_error(path: Path, message: str) -> Diagnostic:
+    # tomllib puts the position into the message text: "Invalid value (at line 3, column 10)".
+    found = _TOML_POSITION.search(message)
+    if not found:
+        return Diagnostic("E0903", f"{path.name}: invalid TOML: {message}", None, (Note(f"in {path}"),))
+    line, col = int(found.group(1)), int(found.group(2))
+    reason = message[:found.start()]
+    return Diagnostic("E0903", f"{path.name}: invalid TOML: {reason}",
+                      Span(str(path), line, col, line, col + 1))
+
+
+class _Table:
+    """Typed, recorded access to one `[table]`: each read records a problem instead of raising."""
+
+    def __init__(self, file: _TomlFile, name: str | None, data: dict[str, Any] | None):
+        self.file = file
+        self.name = name
+        self.present = data is not None
+        self.data = data or {}
+        self.taken: set[str] = set()
+
+    def label(self, key: str | None) -> str:
+        if self.name is None:
+            return f"[{key}]"
+        return f"[{self.name}]" if key is None else f"[{self.name}].{key}"
+
+    def problem(self, code: str, key: str | None, message: str) -> None:
+        self.file.problem(code, self.name, key, message)
+
+    def take(self, key: str, kind: _Kind, *, required: bool = True) -> Any:
+        """The field's value, or None (after recording why) if it is missing or mistyped."""
+        self.taken.add(key)
+        if key not in self.data:
+            if required and self.present:
+                self.problem("E0904", None, f"{self.label(None)} is missing required field `{key}`")
+            return None
+        value = self.data[key]
+        if not kind.accepts(value):
+            self.problem("E0905", key, f"{self.label(key)} must be {kind.phrase}, found "
+                                       f"{_describe(value)}")
+            return None
+        return value
+
+    def map(self, phrase: str, accepts: Callable[[Any], bool]) -> dict[str, Any]:
+        """A table whose keys are free (generics, links): every value checked, every key taken."""
+        result = {}
+        for key, value in self.data.items():
+            self.taken.add(key)
+            if accepts(value):
+                result[key] = value
+            else:
+                self.problem("E0905", key, f"{self.label(key)} must be {phrase}, found "
+                                           f"{_describe(value)}")
+        return result
+
+    def inside_entry(self, entry_dir: Path, key: str, relative: str) -> Path | None:
+        """`entry_dir / relative`, if that stays inside the entry (also through symlinks)."""
+        resolved = entry_dir / relative
+        inside = not _escapes(relative) and resolved.resolve().is_relative_to(entry_dir.resolve())
+        if not inside:
+            self.problem("E0907", key, f"{self.label(key)} must be a relative path inside the entry "
+                                       f"folder, found \"{relative}\"")
+            return None
+        return resolved
+
+    def finish(self) -> None:
+        """Report keys nobody asked for: in a strict schema they are typos."""
+        for key in self.data:
+            if key not in self.taken:
+                hint = _did_you_mean(key, self.taken)
+                self.problem("E0906", key, f"{self.label(None)} has unknown field `{key}`{hint}")
+
+
+class _Root(_Table):
+    """The top level of a file: only the allowed tables may appear, each must be a table."""
+
+    def __init__(self, file: _TomlFile, allowed: tuple[str, ...]):
+        super().__init__(file, None, file.data)
+        self.allowed = allowed
+        for key, value in file.data.items():
+            if key in allowed:
+                continue
+            hint = _did_you_mean(key, allowed, brackets=True)
+            if isinstance(value, dict):
+                self.file.problem("E0906", key, None, f"unknown table [{key}]{hint}")
+            else:
+                self.file.problem("E0906", None, key, f"unknown top-level field `{key}`{hint}")
+
+    def table(self, name: str, *, required: bool) -> _Table:
+        data = self.data.get(name)
+        if name not in self.data and required:
+            self.file.problem("E0904", None, None, f"required table [{name}] is missing")
+        elif name in self.data and not isinstance(data, dict):
+            self.file.problem("E0905", None, name, f"[{name}] must be a table, found {_describe(data)}")
+            data = None
+        return _Table(self.file, name, data)
+
+
+def _did_you_mean(word: str, options: Any, *, brackets: bool = False) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    if not close:
+        return ""
+    return f" (did you mean [{close[0]}]?)" if brackets else f" (did you mean `{close[0]}`?)"

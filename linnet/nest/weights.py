@@ -1,0 +1,615 @@
+"""Checkpoints for zoo entries: fetch them, index their headers, check bindings, load tensors.
+
+The steps run in this order, and nothing reads tensor data before the last one:
+
+1. `checkpoint_files` finds the `.safetensors` files: through the Hugging Face cache at the
+   manifest's pinned revision (verifying any sha256 pins), or a local file/folder the user
+   passes as `weights=`.
+2. `read_index` parses only the safetensors headers (key, dtype, shape, byte range), and
+   rejects truncated or inconsistent files before anyone memory-maps them.
+3. `verify_bindings` matches the compiled model's `ParamSpec`s against that index through
+   the entry's `bindings.json` and reports every problem in one error.
+4. `load_tensors` memory-maps the files with `safetensors.safe_open` and materialises each
+   parameter for numpy, PyTorch or JAX.
+
+Pickle checkpoints (`pytorch_model.bin`, `.pt`, ...) are refused, never opened: unpickling
+runs arbitrary code.  Frameworks and huggingface_hub are imported lazily, inside the
+functions that need them, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
+from ..params import DTYPES, ParamSpec
+from .manifest import Manifest, WeightsSpec
+
+#: Every diagnostic code this module raises, with what it means.
+CODES = {
+    "E1001": "a checkpoint file is not available: not cached while offline, or the download failed",
+    "E1002": "a checkpoint file's sha256 differs from the pin in nest.toml",
+    "E1003": "weights= is not a safetensors checkpoint (missing, another format, or a pickle)",
+    "E1004": "a safetensors file is corrupt: truncated, bad header, or offsets outside its data",
+    "E1005": "the same tensor key appears in two checkpoint files",
+    "E1006": "a model parameter has no binding",
+    "E1007": "a binding names a parameter the model does not have",
+    "E1008": "a binding names a key the checkpoint does not have",
+    "E1009": "a parameter's shape differs from its checkpoint tensor's",
+    "E1010": "a parameter's dtype differs from its checkpoint tensor's",
+    "E1011": "a bindings file is not a JSON object mapping param names to key strings",
+    "E1012": "the entry declares no [weights] and no weights= was passed",
+    "E1013": "an unknown or non-float dtype name was asked for",
+}
+
+log = logging.getLogger("linnet.nest")
+
+#: Bytes per element of each safetensors dtype.
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+               "BOOL": 1}
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+#: Linnet float dtypes `load_tensors(dtype=...)` may cast to.
+CAST_TARGETS = ("f64", "f32", "f16", "bf16")
+
+#: Suffixes of pickle-based checkpoints, which are refused rather than opened.
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+
+# safetensors itself refuses headers over 100 MB; a larger length prefix means corruption.
+_MAX_HEADER_BYTES = 100_000_000
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a checkpoint header describes it; `dtype` uses safetensors names ("F32")."""
+
+    key: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * DTYPE_SIZES[self.dtype]
+
+    def describe(self) -> str:
+        return f"[{', '.join(map(str, self.shape))}] {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Cast:
+    """A float parameter whose checkpoint tensor has another width, converted on load."""
+
+    param: str
+    key: str
+    stored: str    # safetensors dtype, e.g. "F16"
+    declared: str  # Linnet dtype, e.g. "f32"
+
+
+@dataclass
+class BindingReport:
+    """What `verify_bindings` established: the tensor behind each param, and what was left over."""
+
+    bound: dict[str, TensorInfo]
+    unused_keys: list[str]
+    casts: list[Cast] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- finding files
+
+
+def checkpoint_files(manifest: Manifest, *, revision: str | None = None,
+                     weights: str | Path | None = None) -> list[Path]:
+    """The entry's `.safetensors` files, from the Hugging Face cache/Hub or from `weights=`.
+
+    sha256 pins are checked only for the manifest's own revision: they describe those
+    files, not another revision's and not a user's own checkpoint.
+    """
+    if weights is not None:
+        return _local_files(Path(weights), manifest.weights)
+    spec = _declared_weights(manifest)
+    wanted = revision or spec.revision
+    paths = [_download(spec.repo, name, wanted) for name in spec.files]
+    if wanted == spec.revision:
+        for name, path in zip(spec.files, paths):
+            if name in spec.sha256:
+                _verify_sha256(path, spec.sha256[name], f"{spec.repo}@{wanted[:12]}")
+    return paths
+
+
+def _declared_weights(manifest: Manifest) -> WeightsSpec:
+    if manifest.weights is None:
+        raise error("E1012", f"zoo entry {manifest.name!r} declares no [weights]; pass weights= "
+                             f"a .safetensors file or a folder of them",
+                    None, Note(f"in {manifest.dir / 'nest.toml'}"))
+    return manifest.weights
+
+
+def _download(repo: str, filename: str, revision: str) -> Path:
+    """One file through huggingface_hub: its cache, its offline switch, its progress bars."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id=repo, filename=filename, revision=revision))
+    except LocalEntryNotFoundError:
+        raise _not_available(repo, filename, revision, constants.HF_HUB_OFFLINE,
+                             constants.HF_HUB_CACHE) from None
+    except (EntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise error("E1001", f"cannot download {repo}/{filename} at revision {revision}: "
+                             f"{first_line}", None, *_provide_notes(offline=False)) from None
+
+
+def _not_available(repo: str, filename: str, revision: str, offline: bool, cache: str) -> LinnetError:
+    why = ("downloads are disabled (HF_HUB_OFFLINE=1)" if offline
+           else "the Hub could not be reached")
+    return error("E1001", f"checkpoint {repo}/{filename} at revision {revision} is not in the "
+                          f"Hugging Face cache ({cache}) and {why}",
+                 None, *_provide_notes(offline))
+
+
+def _provide_notes(offline: bool) -> list[Note]:
+    notes = [Note("pass weights= a local .safetensors file, or a folder holding the entry's "
+                  "checkpoint files")]
+    if offline:
+        notes.append(Note("or set HF_HUB_OFFLINE=0 on a machine with network access to download "
+                          "it into the cache"))
+    return notes
+
+
+def _local_files(path: Path, declared: WeightsSpec | None) -> list[Path]:
+    """`weights=`: one `.safetensors` file, or a folder's (the declared files when all present)."""
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return [path]
+        if path.suffix in PICKLE_SUFFIXES:
+            raise _pickle_refused(path, [path])
+        raise error("E1003", f"weights={path} is not a .safetensors file")
+    if not path.is_dir():
+        raise error("E1003", f"weights={path} does not exist")
+    if declared is not None and all((path / name).is_file() for name in declared.files):
+        return [path / name for name in declared.files]
+    found = sorted(path.glob("*.safetensors"))
+    if found:
+        return found
+    pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise _pickle_refused(path, pickles)
+    raise error("E1003", f"weights={path} holds no .safetensors files")
+
+
+def _pickle_refused(path: Path, pickles: list[Path]) -> LinnetError:
+    names = ", ".join(p.name for p in pickles)
+    return error("E1003", f"weights={path} holds only pickle checkpoints ({names}); Linnet never "
+                          f"loads pickles, since unpickling can run arbitrary code",
+                 None, Note("convert it to safetensors once, e.g. safetensors.torch.save_file("
+                            "torch.load(path, weights_only=True), 'model.safetensors')"))
+
+
+# --------------------------------------------------------------------------- sha256 pins
+
+# Hashing a multi-GB checkpoint takes seconds; within one process, a file that has not
+# changed (same inode, size and mtime) is hashed once.
+_digests: dict[tuple[str, int, int, int], str] = {}
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, hashed in chunks (never read whole into memory)."""
+    stat = path.stat()
+    identity = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if identity not in _digests:
+        with open(path, "rb") as f:
+            _digests[identity] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _digests[identity]
+
+
+def _verify_sha256(path: Path, expected: str, what: str) -> None:
+    found = sha256_of(path)
+    if found != expected:
+        raise error("E1002", f"sha256 of {path.name} ({what}) does not match the pin in nest.toml: "
+                             f"expected {expected}, found {found}",
+                    None, Note(f"the file is {path}; if the cached copy is damaged, delete it and "
+                               f"download it again"))
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def read_index(files: Iterable[str | Path]) -> dict[str, TensorInfo]:
+    """Every tensor in the files, from their headers alone; a key in two files is an error."""
+    index: dict[str, TensorInfo] = {}
+    for file in map(Path, files):
+        for info in read_header(file):
+            if info.key in index:
+                raise error("E1005", f"tensor {info.key!r} appears in both {index[info.key].file} "
+                                     f"and {file}")
+            index[info.key] = info
+    return index
+
+
+def read_header(file: Path) -> list[TensorInfo]:
+    """Parse one safetensors header: an 8-byte little-endian length, then that much JSON."""
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise _corrupt(file, f"the file is {size} bytes, too short for the 8-byte header length")
+        length = int.from_bytes(prefix, "little")
+        if length > min(size - 8, _MAX_HEADER_BYTES):
+            raise _corrupt(file, f"the header claims {length} bytes but the file has {size - 8} "
+                                 f"after the length prefix (truncated, or not safetensors)")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _corrupt(file, f"the header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise _corrupt(file, "the header is not a JSON object")
+    data_size = size - 8 - length
+    return [_tensor_info(file, key, entry, data_size)
+            for key, entry in header.items() if key != "__metadata__"]
+
+
+def _tensor_info(file: Path, key: str, entry: Any, data_size: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise _corrupt(file, f"tensor {key!r}: header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise _corrupt(file, f"tensor {key!r}: unknown dtype {dtype!r}")
+    if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+        raise _corrupt(file, f"tensor {key!r}: shape {shape!r} is not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1] <= data_size):
+        raise _corrupt(file, f"tensor {key!r}: data_offsets {offsets!r} lie outside the "
+                             f"{data_size} data bytes of the file")
+    info = TensorInfo(key, file, dtype, tuple(shape))
+    if offsets[1] - offsets[0] != info.nbytes:
+        raise _corrupt(file, f"tensor {key!r}: data_offsets span {offsets[1] - offsets[0]} bytes "
+                             f"but {info.describe()} needs {info.nbytes}")
+    return info
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _corrupt(file: Path, reason: str) -> LinnetError:
+    return error("E1004", f"{file.name} is not a valid safetensors file: {reason}", None,
+                 Note(f"the file is {file}"))
+
+
+# --------------------------------------------------------------------------- bindings
+
+
+def load_bindings(path: str | Path) -> dict[str, str]:
+    """A bindings file: one JSON object, Linnet param name -> checkpoint key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error("E1011", f"{path.name}: cannot read bindings file {path}: {exc}") from None
+    try:
+        pairs = json.loads(text, object_pairs_hook=_Pairs)
+    except json.JSONDecodeError as exc:
+        span = Span(str(path), exc.lineno, exc.colno, exc.lineno, exc.colno + 1)
+        raise error("E1011", f"{path.name}: invalid JSON: {exc.msg}", span) from None
+    if not isinstance(pairs, _Pairs):
+        raise error("E1011", f"{path.name}: must hold a JSON object mapping Linnet param names to "
+                             f"checkpoint keys, found {_json_kind(pairs)}", None,
+                    Note(f"the file is {path}"))
+    return _checked_pairs(path, text, pairs)
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in order, so a key written twice is seen."""
+
+
+def _checked_pairs(path: Path, text: str, pairs: _Pairs) -> dict[str, str]:
+    problems, bindings = [], {}
+    for name, key in pairs:
+        span = _json_key_span(path, text, name)
+        if not isinstance(key, str):
+            problems.append(Diagnostic("E1011", f"{path.name}: the binding of {name!r} must be a "
+                                                f"checkpoint key string, found {_json_kind(key)}", span))
+        elif name in bindings:
+            problems.append(Diagnostic("E1011", f"{path.name}: param {name!r} is bound twice", span))
+        else:
+            bindings[name] = key
+    if problems:
+        raise LinnetError(problems)
+    return bindings
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {_Pairs: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _json_key_span(path: Path, text: str, key: str) -> Span | None:
+    """The line where `"key":` is written, found by text search (a readable pointer, no more)."""
+    needle = json.dumps(key)
+    for number, line in enumerate(text.splitlines(), start=1):
+        col = line.find(needle)
+        if col >= 0 and line[col + len(needle):].lstrip().startswith(":"):
+            return Span(str(path), number, col + 1, number, col + 1 + len(needle))
+    return None
+
+
+def verify_bindings(params: list[ParamSpec], bindings: dict[str, str],
+                    index: dict[str, TensorInfo], *, bindings_file: str = "bindings.json",
+                    cast_floats: bool = False) -> BindingReport:
+    """Check every param against its checkpoint tensor from headers alone; raise one error.
+
+    Problems found: a param without a binding, a binding for a param the model lacks, a
+    key the checkpoint lacks, a shape or dtype that differs.  Floats of another width pass
+    only with `cast_floats=True` and are listed in `BindingReport.casts`.  Several params
+    may share one key (tied weights) if each matches it.  Keys nothing binds are returned
+    in `unused_keys` and logged at INFO.  Pass the bindings file's absolute path as
+    `bindings_file` for diagnostics that point at its lines.
+    """
+    report, problems = _match(params, bindings, index, bindings_file, cast_floats)
+    if problems:
+        raise LinnetError(problems)
+    _log_report(report, bindings_file)
+    return report
+
+
+def _match(params: list[ParamSpec], bindings: dict[str, str], index: dict[str, TensorInfo],
+           bindings_file: str, cast_floats: bool) -> tuple[BindingReport, list[Diagnostic]]:
+    """The checks behind `verify_bindings`, returning problems instead of raising."""
+    locate = _binding_locator(bindings_file)
+    problems: list[Diagnostic] = []
+    report = BindingReport(bound={}, unused_keys=[])
+    sharing = _params_by_key(params, bindings)
+    for param in params:
+        key = bindings.get(param.name)
+        if key is None:
+            problems.append(Diagnostic("E1006", f"param {param.name}: {_linnet_type(param)} has no "
+                                                f"binding in {bindings_file}"))
+            continue
+        info = index.get(key)
+        if info is None:
+            problems.append(_absent_key(param, key, index, bindings_file, locate(param.name)))
+            continue
+        found = _compare(param, info, cast_floats, locate(param.name), report)
+        problems.extend(_note_tied(d, param, info, sharing) for d in found)
+        if not found:
+            report.bound[param.name] = info
+    problems.extend(_unknown_params(params, bindings, bindings_file, locate))
+    referenced = set(bindings.values())
+    report.unused_keys = sorted(key for key in index if key not in referenced)
+    return report, problems
+
+
+def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span | None,
+             report: BindingReport) -> list[Diagnostic]:
+    """Shape and dtype problems of one bound param (both, if both differ)."""
+    problems = []
+    mismatch = (f"param {param.name}: {_linnet_type(param)} but checkpoint key {info.key} is "
+                f"{info.describe()}")
+    if tuple(param.shape) != info.shape:
+        problems.append(Diagnostic("E1009", mismatch, span))
+    declared = _safetensors_dtype(param)
+    if declared == info.dtype:
+        return problems
+    both_float = declared in FLOAT_DTYPES and info.dtype in FLOAT_DTYPES
+    if both_float and cast_floats:
+        report.casts.append(Cast(param.name, info.key, info.dtype, param.dtype))
+    elif both_float:
+        problems.append(Diagnostic("E1010", mismatch, span,
+                                   (Note("pass cast_floats=True to convert float widths on load"),)))
+    else:
+        problems.append(Diagnostic("E1010", mismatch, span,
+                                   (Note("integer dtypes are never converted: only float widths "
+                                         "are, with cast_floats=True"),)))
+    return problems
+
+
+def _note_tied(diagnostic: Diagnostic, param: ParamSpec, info: TensorInfo,
+               sharing: dict[str, list[ParamSpec]]) -> Diagnostic:
+    # Tied weights: when one of several params bound to a key mismatches, name the others,
+    # since the fix may be in how the tie is declared rather than in the bindings.
+    for other in sharing[info.key]:
+        if other.name != param.name:
+            agrees = "agrees with it" if tuple(other.shape) == info.shape else "differs too"
+            diagnostic = diagnostic.with_note(f"key {info.key} is also bound to param {other.name}: "
+                                              f"{_linnet_type(other)}, which {agrees}")
+    return diagnostic
+
+
+def _params_by_key(params: list[ParamSpec], bindings: dict[str, str]) -> dict[str, list[ParamSpec]]:
+    sharing: dict[str, list[ParamSpec]] = defaultdict(list)
+    for param in params:
+        if param.name in bindings:
+            sharing[bindings[param.name]].append(param)
+    return sharing
+
+
+def _absent_key(param: ParamSpec, key: str, index: dict[str, TensorInfo], bindings_file: str,
+                span: Span | None) -> Diagnostic:
+    notes = ()
+    close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.6)
+    if close:
+        notes = (Note(f"close keys in the checkpoint: {', '.join(close)}"),)
+    return Diagnostic("E1008", f"param {param.name}: {bindings_file} binds it to checkpoint key "
+                               f"{key}, which the checkpoint does not have", span, notes)
+
+
+def _unknown_params(params: list[ParamSpec], bindings: dict[str, str], bindings_file: str,
+                    locate) -> list[Diagnostic]:
+    names = [p.name for p in params]
+    known = set(names)
+    problems = []
+    for name, key in bindings.items():
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, names, n=1)
+        notes = (Note(f"did you mean {close[0]}?"),) if close else ()
+        problems.append(Diagnostic("E1007", f"{bindings_file} binds {name} (to {key}), but the model "
+                                            f"has no param {name}", locate(name), notes))
+    return problems
+
+
+def _binding_locator(bindings_file: str):
+    """name -> Span of its line in the bindings file, when given as an absolute path.
+
+    A bare name like the default "bindings.json" only labels messages: reading it relative
+    to the working directory could quote some unrelated file.
+    """
+    if not Path(bindings_file).is_absolute():
+        return lambda name: None
+    try:
+        text = Path(bindings_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return lambda name: None
+    return lambda name: _json_key_span(Path(bindings_file), text, name)
+
+
+def _linnet_type(param: ParamSpec) -> str:
+    return f"Tensor[{', '.join(map(str, param.shape))}; {param.dtype}]"
+
+
+def _safetensors_dtype(param: ParamSpec) -> str:
+    try:
+        return DTYPES[param.dtype]
+    except KeyError:
+        raise InternalError(f"ParamSpec {param.name} has unknown dtype {param.dtype!r}") from None
+
+
+def _log_report(report: BindingReport, bindings_file: str) -> None:
+    if report.unused_keys:
+        shown = ", ".join(report.unused_keys[:8])
+        more = f" and {len(report.unused_keys) - 8} more" if len(report.unused_keys) > 8 else ""
+        log.info("%s: %d checkpoint keys unused: %s%s", bindings_file, len(report.unused_keys),
+                 shown, more)
+    if report.casts:
+        kinds = sorted({f"{c.stored}->{c.declared}" for c in report.casts})
+        log.info("%s: %d float tensors converted on load (%s)", bindings_file, len(report.casts),
+                 ", ".join(kinds))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _Framework:
+    """What differs between array libraries: safetensors' name for them, and a float cast."""
+
+    safetensors_name = "numpy"
+
+    def cast(self, array: Any, dtype: str) -> Any:
+        raise NotImplementedError
+
+
+class _Numpy(_Framework):
+    safetensors_name = "numpy"
+
+    def cast(self, array, dtype):
+        import numpy as np
+        if dtype == "bf16":  # numpy has no bfloat16; ml_dtypes (a JAX dependency) does
+            import ml_dtypes
+            return array.astype(ml_dtypes.bfloat16)
+        return array.astype({"f64": np.float64, "f32": np.float32, "f16": np.float16}[dtype])
+
+
+class _Torch(_Framework):
+    safetensors_name = "pt"
+
+    def cast(self, array, dtype):
+        import torch
+        return array.to({"f64": torch.float64, "f32": torch.float32, "f16": torch.float16,
+                         "bf16": torch.bfloat16}[dtype])
+
+
+class _Jax(_Framework):
+    safetensors_name = "flax"
+
+    def cast(self, array, dtype):
+        import jax.numpy as jnp
+        return array.astype({"f64": jnp.float64, "f32": jnp.float32, "f16": jnp.float16,
+                             "bf16": jnp.bfloat16}[dtype])
+
+
+_FRAMEWORKS = {"numpy": _Numpy(), "np": _Numpy(), "pt": _Torch(), "flax": _Jax()}
+
+
+def load_tensors(params: list[ParamSpec], bindings: dict[str, str], index: dict[str, TensorInfo],
+                 *, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:
+    """Each param's array by Linnet name, read through memory-mapped `safe_open`.
+
+    Float tensors become `dtype` when given, else the param's declared dtype.  A key bound to
+    several params (tied weights) is read once and the same array returned for each.  The
+    bindings are re-checked from headers first, so a mismatch can never be half-loaded.
+    """
+    backend = _framework(framework)
+    if dtype is not None and dtype not in CAST_TARGETS:
+        raise error("E1013", f"cannot load weights as dtype {dtype!r}: choose one of "
+                             f"{', '.join(CAST_TARGETS)}")
+    report, problems = _match(params, bindings, index, "bindings.json", cast_floats=True)
+    if problems:
+        raise LinnetError(problems)
+    arrays: dict[str, Any] = {}
+    for file, members in _group_by_file(params, report).items():
+        arrays.update(_read_file(file, members, backend, dtype))
+    return arrays
+
+
+def _framework(name: str) -> _Framework:
+    try:
+        return _FRAMEWORKS[name]
+    except KeyError:
+        raise ValueError(f"framework must be one of {sorted(_FRAMEWORKS)}, got {name!r}") from None
+
+
+def _group_by_file(params: list[ParamSpec], report: BindingReport
+                   ) -> dict[Path, list[tuple[ParamSpec, TensorInfo]]]:
+    groups: dict[Path, list[tuple[ParamSpec, TensorInfo]]] = defaultdict(list)
+    for param in params:
+        info = report.bound[param.name]
+        groups[info.file].append((param, info))
+    return groups
+
+
+def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend: _Framework,
+               dtype: str | None) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    arrays: dict[str, Any] = {}
+    converted: dict[tuple[str, str], Any] = {}  # (key, dtype) -> array, so ties share one read
+    with safe_open(str(file), framework=backend.safetensors_name) as handle:
+        for param, info in members:
+            target = _target_dtype(param, info, dtype)
+            if (info.key, target) not in converted:
+                array = handle.get_tensor(info.key)
+                if target != _linnet_dtype(info.dtype):
+                    array = backend.cast(array, target)
+                converted[(info.key, target)] = array
+            arrays[param.name] = converted[(info.key, target)]
+    return arrays
+
+
+def _target_dtype(param: ParamSpec, info: TensorInfo, requested: str | None) -> str:
+    if info.dtype not in FLOAT_DTYPES:
+        return _linnet_dtype(info.dtype)
+    return requested or param.dtype
+
+
+def _linnet_dtype(safetensors_dtype: str) -> str:
+    for linnet, stored in DTYPES.items():
+        if stored == safetensors_dtype:
+            return linnet
+    return safetensors_dtype.lower()  # F8 variants have no Linnet name; never a cast target
