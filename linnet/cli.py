@@ -100,6 +100,32 @@ def cmd_check(args, parser) -> int:
     return status
 
 
+# --------------------------------------------------------------------------- build
+
+
+def cmd_build(args, parser) -> int:
+    from pathlib import Path
+
+    from .backends import pytorch
+    from .compiler import compile_target, locate
+    from .lower import lower
+
+    target = locate(args.path)
+    if target.kind != "entry":
+        parser.error("build needs a zoo entry (a folder with nest.toml, or its name)")
+    compiled = compile_target(target, _parse_set(args.set or [], parser))
+    program = lower(compiled.instance)
+    path = pytorch.write(program, Path(args.output))
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def cmd_quickstart(args, parser) -> int:
+    from .quickstart import run
+
+    return run()
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -112,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a generic or a [check] dim, e.g. --set S=600")
     check.add_argument("--format", choices=("text", "json"), default="text")
     check.set_defaults(handler=cmd_check)
+    build = sub.add_parser("build", help="write the generated source of a zoo entry for people to read")
+    build.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")
+    build.add_argument("--backend", choices=("torch",), default="torch")
+    build.add_argument("-o", "--output", required=True, metavar="DIR")
+    build.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a generic")
+    build.set_defaults(handler=cmd_build)
+    quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
+    quick.set_defaults(handler=cmd_quickstart)
     return parser
 
 
