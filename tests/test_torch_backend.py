@@ -188,3 +188,24 @@ def test_pickle_checkpoint_is_refused(tmp_path):
 def test_unknown_backend_and_mode(minilm_checkpoint):
     assert "unknown backend" in _error(lambda: nest.load("all-minilm-l6-v2", backend="tf"))
     assert "cudagraphs" in _error(lambda: nest.load("all-minilm-l6-v2", mode="cudagraphs"))
+
+
+# ----------------------------------------------------------------------- modes, dtypes
+
+
+def test_compile_mode_matches_eager(minilm_torch, minilm_checkpoint):
+    compiled = nest.load("all-minilm-l6-v2", backend="torch", mode="compile")
+    tokens, token_types = _random_inputs(2, 9, seed=3)
+    diff = (compiled(tokens, token_types) - minilm_torch(tokens, token_types)).abs().max().item()
+    print(f"torch.compile vs eager: {diff:.3g}")
+    assert diff <= 1e-5
+
+
+def test_bf16_runs_close_to_f32(minilm_torch, minilm_checkpoint):
+    bf16 = nest.load("all-minilm-l6-v2", backend="torch", dtype="bf16")
+    tokens, token_types = _random_inputs(2, 16, seed=5)
+    out = bf16(tokens, token_types)
+    assert out.dtype == torch.bfloat16
+    diff = (out.float() - minilm_torch(tokens, token_types)).abs().max().item()
+    print(f"bf16 vs f32: {diff:.3g}")
+    assert diff <= 0.25  # bf16 keeps 8 bits of mantissa; documented in docs/backends.md
