@@ -209,3 +209,14 @@ def test_bf16_runs_close_to_f32(minilm_torch, minilm_checkpoint):
     diff = (out.float() - minilm_torch(tokens, token_types)).abs().max().item()
     print(f"bf16 vs f32: {diff:.3g}")
     assert diff <= 0.25  # bf16 keeps 8 bits of mantissa; documented in docs/backends.md
+
+
+def test_other_revision_not_cached_is_a_clear_offline_error(minilm_checkpoint):
+    message = _error(lambda: nest.load("all-minilm-l6-v2", revision="0" * 40))
+    assert "0" * 40 in message and "model.safetensors" in message
+
+
+def test_cuda_device_without_cuda_is_a_clear_error(minilm_checkpoint):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # not counted as a pass: reported as skipped
+    assert "no CUDA device" in _error(lambda: nest.load("all-minilm-l6-v2", device="cuda"))
