@@ -227,6 +227,7 @@ class StaticFor:
     body: list["Stmt"]
     span: Span
     iterable_span: Span
+    var_span: Span | None = None  # the loop variable's name
 
 
 @dataclass(eq=False)
@@ -238,6 +239,7 @@ class IfSome:
     then_body: list["Stmt"]
     else_body: list["Stmt"]
     span: Span
+    binding_span: Span | None = None  # the name inside `some(...)`
 
 
 Stmt = Let | Assign | Return | StaticFor | IfSome

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from . import ast
 from .diagnostics import Diagnostic, InternalError, LinnetError, Note, Span
-from .dims import DimError, DimExpr, Facts, const, floordiv, mod, sym
+from .dims import DimError, DimExpr, Facts, FloorDiv, const, floordiv, mod, sym
 from .prims import PRIMS, PrimCall
 from .resolve import ModuleInfo, Program
 from .types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, DimT, DTypeVar,
@@ -96,7 +96,9 @@ class FnSig:
     def signature(self, env=None) -> str:
         env = env or {}
         params = ", ".join(f"{n}: {substitute(t, env)}" for n, t, _ in self.params)
-        generics = ", ".join(g.name for g in self.generics if g.name not in env)
+        # `*S` for a Shape generic, as declared (it printed as plain `S`, which reads as a Dim).
+        generics = ", ".join(("*" if g.kind == SHAPE_KIND else "") + g.name
+                             for g in self.generics if g.name not in env)
         head = f"{self.name}<{generics}>" if generics else self.name
         return f"{head}({params}) -> {substitute(self.result, env)}"
 
@@ -164,6 +166,7 @@ class _Local:
     type: Type
     mutable: bool
     span: Span
+    kind: str = "let"  # "let", "var", "param", "loop" (static for) or "some" (if let), for messages
 
 
 @dataclass
@@ -196,6 +199,8 @@ class Checker:
         self.types: dict[int, Type] = {}
         self.calls: dict[int, CallInfo] = {}
         self.names: dict[int, NameInfo] = {}
+        # caller key -> [(callee key, span of the call)], for rejecting recursion
+        self._call_edges: dict[str, list[tuple[str, Span]]] = {}
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CheckedProgram:
@@ -208,13 +213,35 @@ class Checker:
                     self._guard(self._check_block_members, self.blocks.get(self._key(module, item.name)))
         for fn in list(self.functions.values()):
             self._guard(self._check_signature, fn)
+        self._check_sub_cycles()
         for fn in list(self.functions.values()):
             if fn.checked:
                 self._check_body(fn)
+        self._check_call_cycles()
         if self.errors:
+            # In source order (the checker works in phases: declarations, signatures, bodies).
+            self.errors.sort(key=lambda d: (d.span.file, d.span.line, d.span.col) if d.span else ("", 0, 0))
             raise LinnetError(self.errors, self.program.sources)
         return CheckedProgram(self.program, self.blocks, self.functions, self.consts, self.types, self.calls,
                               self.names)
+
+    def _check_sub_cycles(self) -> None:
+        """A block may not contain itself through its subs: its parameter tree would be infinite."""
+        edges = {key: [(sub.element.block if isinstance(sub, SubArrayT) else sub.block, span)
+                       for sub, span in block.subs.values()] for key, block in self.blocks.items()}
+        for key, path in _cycles(edges):
+            names = " -> ".join(k.split("::")[-1] for k in path)
+            self.errors.append(Diagnostic(
+                "E0211", f"block `{key.split('::')[-1]}` contains itself through its subs: {names}", path.span,
+                (Note("a block's sub-blocks must form a tree; this one would never end"),)))
+
+    def _check_call_cycles(self) -> None:
+        """Calls are inlined when a model is built, so a function may not (indirectly) call itself."""
+        for key, path in _cycles(self._call_edges):
+            names = " -> ".join(k.split("::")[-1] for k in path)
+            self.errors.append(Diagnostic(
+                "E0317", f"`{key.split('::')[-1]}` calls itself: {names}", path.span,
+                (Note("Linnet inlines every call, so recursion would never end"),)))
 
     def _guard(self, step, *args) -> None:
         if args and args[0] is None:
@@ -314,7 +341,9 @@ class Checker:
 
     def _check_member_name(self, block: BlockSig, name: str, span: Span) -> None:
         if name in block.params or name in block.subs:
-            _fail("E0105", f"`{name}` is declared twice in block `{block.name}`", span)
+            first = (block.params.get(name) or block.subs[name])[1]
+            _fail("E0105", f"`{name}` is declared twice in block `{block.name}`", span,
+                  Note("first declared here", first))
 
     def _check_param_decl(self, block: BlockSig, decl: ast.ParamDecl, scope) -> None:
         self._check_member_name(block, decl.name, decl.span)
@@ -336,7 +365,8 @@ class Checker:
         target = self._lookup_item(block.module, ref.name, ref.span)
         if not isinstance(target, BlockSig):
             _fail("E0208", f"`{ref.name}` is not a block; a `sub` needs a block such as Linear<D, D, T>", ref.span)
-        env = self._bind_explicit(target.generics, ref.args, scope, ref.span, f"block `{target.name}`")
+        env = self._bind_explicit(target.generics, ref.args, scope, ref.span, f"block `{target.name}`",
+                                  target.node.name_span)
         for g in target.generics:
             if g.name not in env and g.default is not None:
                 env[g.name] = g.default
@@ -388,12 +418,13 @@ class Checker:
         ctx = _FnContext(fn, fn.facts, [{}])
         self.facts = fn.facts
         for name, t, span in fn.params:
-            ctx.bind(name, _Local(t, False, span))
+            ctx.bind(name, _Local(t, False, span, "param"))
         returned = self._check_stmts(fn.node.body, ctx)
         if not returned and not any(d.span and d.span.file == fn.node.span.file and
                                     _inside(d.span, fn.node.span) for d in self.errors):
             self.errors.append(Diagnostic("E0311", f"function `{fn.name}` does not end with `return`",
-                                          fn.node.name_span))
+                                          fn.node.name_span,
+                                          (Note(f"it must return {fn.result}", fn.node.result.span),)))
 
     def _check_stmts(self, stmts: list[ast.Stmt], ctx: _FnContext) -> bool:
         """Check a statement list; True when it always returns."""
@@ -428,19 +459,32 @@ class Checker:
             self._expect_same(declared, t, ctx, stmt.value.span, f"the annotation of `{stmt.name}`",
                               stmt.annotation.span)
             t = declared
-        if isinstance(t, (SubT, SubArrayT, NoneT)):
-            _fail("E0332", f"`{stmt.name}` cannot hold {t}", stmt.value.span)
-        ctx.bind(stmt.name, _Local(t, stmt.mutable, stmt.name_span))
+        if isinstance(t, (SubT, SubArrayT, NoneT, SomeT)):
+            # Options exist only as parameters, decided per call; a local cannot hold one
+            # (`if let` would then have nothing to test).
+            _fail("E0332", f"`{stmt.name}` cannot hold {t}; locals hold tensors, dims and lists", stmt.value.span)
+        ctx.bind(stmt.name, _Local(t, stmt.mutable, stmt.name_span, "var" if stmt.mutable else "let"))
         return False
 
     def _check_assign(self, stmt: ast.Assign, ctx: _FnContext) -> bool:
         local = ctx.lookup(stmt.name)
+        block = ctx.sig.block
+        if local is None and block is not None and (stmt.name in block.params or stmt.name in block.subs):
+            what = "param" if stmt.name in block.params else "sub"
+            _fail("E0313", f"cannot assign to `{stmt.name}`: it is a {what} of block `{block.name}`, "
+                  "which functions only read", stmt.name_span,
+                  Note("declared here", (block.params.get(stmt.name) or block.subs[stmt.name])[1]))
         if local is None:
             _fail("E0201", f"cannot assign to unknown variable `{stmt.name}`", stmt.name_span,
                   Note("declare it first with `var`"))
         if not local.mutable:
-            _fail("E0313", f"cannot assign twice to `{stmt.name}`: it was bound with `let`", stmt.name_span,
-                  Note("declare it with `var` to reassign it", local.span))
+            # Say what the name is: a parameter or a loop variable was never a `let`.
+            what = {"param": "it is a parameter of the function",
+                    "loop": "it is the variable of a `static for`",
+                    "some": "it is bound by `if let some(...)`"}.get(local.kind, "it was bound with `let`")
+            _fail("E0313", f"cannot assign to `{stmt.name}`: {what}", stmt.name_span,
+                  Note("declare it with `var` to reassign it" if local.kind == "let"
+                       else "only names declared with `var` can be reassigned", local.span))
         t = self._expr(stmt.value, ctx)
         self._expect_same(local.type, t, ctx, stmt.value.span, f"variable `{stmt.name}`", local.span)
         return False
@@ -458,19 +502,28 @@ class Checker:
             _fail("E0314", f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
                   stmt.iterable_span)
         element = member[0].element
-        ctx.locals.append({stmt.var: _Local(SubT(element.block, element.bindings, stmt.var), False, stmt.span)})
+        ctx.locals.append({stmt.var: _Local(SubT(element.block, element.bindings, stmt.var), False,
+                                            stmt.var_span or stmt.span, "loop")})
         try:
-            if self._check_stmts(stmt.body, ctx):
-                self.errors.append(Diagnostic("E0315", "`return` inside `static for` is not allowed", stmt.span))
+            self._check_stmts(stmt.body, ctx)
         finally:
             ctx.locals.pop()
+        # Any `return` in the body, also one inside an `if let` that returns on one branch only,
+        # and pointed at itself rather than at the whole loop.
+        ret = _first_return(stmt.body)
+        if ret is not None:
+            self.errors.append(Diagnostic(
+                "E0315", "`return` inside `static for` is not allowed", ret.span,
+                (Note("the loop is unrolled over the sub-block array; return after it", stmt.iterable_span),)))
         return False
 
     def _check_ifsome(self, stmt: ast.IfSome, ctx: _FnContext) -> bool:
         t = self._expr(stmt.option, ctx)
+        if isinstance(t, ErrorT):
+            t = OptionT(ErrorT())  # already reported; still check both branches
         if not isinstance(t, OptionT):
             _fail("E0316", f"`if let some(...)` needs an Option, but `{stmt.option.name}` is {t}", stmt.option.span)
-        ctx.locals.append({stmt.binding: _Local(t.inner, False, stmt.span)})
+        ctx.locals.append({stmt.binding: _Local(t.inner, False, stmt.binding_span or stmt.span, "some")})
         try:
             then_returns = self._check_stmts(stmt.then_body, ctx)
         finally:
@@ -533,6 +586,14 @@ class Checker:
             value, dtype = self.consts[key]
             self.names[id(node)] = NameInfo("const", key)
             return DimT(const(int(value))) if dtype in DTYPE_KINDS["Int"] else scalar(dtype, weak=True)
+        if item is not None:
+            # A function or block is in scope but is not a value: say so, rather than calling
+            # the name unknown (and then suggesting the very same name).
+            kind = "function" if isinstance(item[1], ast.Function) else "block"
+            how = f"call it: `{node.name}(...)`" if kind == "function" else \
+                f"declare it with `sub name: {node.name}<...>` and call its functions"
+            _fail("E0334", f"`{node.name}` is a {kind}, not a value; {how}", node.span,
+                  Note(f"`{node.name}` is declared here", item[1].name_span))
         _fail("E0201", f"unknown name `{node.name}`", node.span, *self._suggest(node.name, self._visible(ctx)))
 
     def _visible(self, ctx: _FnContext) -> list[str]:
@@ -653,9 +714,16 @@ class Checker:
     def _slice_dim(self, node: ast.Slice, dim: DimExpr, ctx) -> DimExpr:
         start = self._static_dim(node.start, ctx) if node.start is not None else const(0)
         stop = self._static_dim(node.stop, ctx) if node.stop is not None else dim
-        if ctx.facts.decide(stop, ">", dim) or ctx.facts.decide(start, ">", stop):
-            _fail("E0326", f"slice {start}:{stop} does not fit a dim of size {dim}", node.span)
-        return stop - start
+        # A negative literal bound counts from the end, as in indexing: `x[-2:]`, `x[:-1]`.
+        # (Without this, `x[-2:]` of a dim 4 had size 6 and `x[:-1]` was rejected.)
+        lo = start + dim if (start.as_int() or 0) < 0 else start
+        hi = stop + dim if (stop.as_int() or 0) < 0 else stop
+        if (ctx.facts.decide(lo, "<", const(0)) or ctx.facts.decide(hi, ">", dim)
+                or ctx.facts.decide(lo, ">", hi)):
+            written = f"{start if node.start is not None else ''}:{stop if node.stop is not None else ''}"
+            _fail("E0326", f"slice {written} does not fit a dim of size {dim}", node.span,
+                  Note(f"a slice a:b needs 0 <= a <= b <= {dim} (negative bounds count from the end)"))
+        return hi - lo
 
     # ------------------------------------------------------------------- calls
     def _check_call_expr(self, node: ast.Call, ctx: _FnContext) -> Type:
@@ -677,7 +745,7 @@ class Checker:
             return self._call_fn(node, callee, {}, ctx, CallInfo("fn", callee.key, ()))
         if item is not None and isinstance(item[1], ast.Block):
             _fail("E0208", f"`{node.name}` is a block: declare it with `sub name: {node.name}<...>` and call "
-                  "its functions", node.name_span)
+                  "its functions", node.name_span, Note(f"`{node.name}` is declared here", item[1].name_span))
         if node.name in PRIMS:
             return self._call_prim(node, ctx)
         candidates = list(PRIMS) + [n for n, (_, i) in ctx.sig.module.scope.items() if isinstance(i, ast.Function)]
@@ -699,7 +767,9 @@ class Checker:
         callee = target.functions.get(node.method)
         if callee is None:
             _fail("E0202", f"block `{target.name}` has no function `{node.method}`", node.name_span,
-                  *self._suggest(node.method, list(target.functions)))
+                  *(self._suggest(node.method, list(target.functions)) or
+                    (Note(f"`{target.name}` has: {', '.join(target.functions) or 'no functions'}",
+                          target.node.name_span),)))
         if not callee.node.public and target.module is not ctx.sig.module:
             _fail("E0106", f"`{target.name}.{node.method}` is private to module `{target.module.name}`",
                   node.name_span, Note("declared here without `pub`", callee.node.name_span))
@@ -710,7 +780,7 @@ class Checker:
         generic_args = getattr(node, "generic_args", [])
         env = dict(env)
         env.update(self._bind_explicit(callee.generics, generic_args, ctx.sig.scope, node.span,
-                                       f"`{callee.name}`"))
+                                       f"`{callee.name}`", callee.node.name_span))
         if len(node.args) != len(callee.params):
             _fail("E0301", f"`{callee.name}` takes {len(callee.params)} argument"
                   f"{'s' if len(callee.params) != 1 else ''}, found {len(node.args)}", node.span,
@@ -720,11 +790,18 @@ class Checker:
             return ErrorT()
         self._infer(callee, env, arg_types, node.args, ctx)
         self._fill_defaults(callee, env, node)
-        for (name, param_t, _), arg_t, arg in zip(callee.params, arg_types, node.args):
-            self._expect_arg(substitute(param_t, env), arg_t, ctx, arg.span, callee, name)
-        self._discharge(callee.where, env, ctx.facts, node.span, f"calling `{callee.name}`")
+        try:
+            for (name, param_t, _), arg_t, arg in zip(callee.params, arg_types, node.args):
+                self._expect_arg(substitute(param_t, env), arg_t, ctx, arg.span, callee, name)
+            self._discharge(callee.where, env, ctx.facts, node.span, f"calling `{callee.name}`")
+            result = substitute(callee.result, env)
+        except DimError as exc:  # the bindings make a dim of the signature divide by 0
+            _fail("E0335", f"calling `{callee.name}`: invalid dim arithmetic ({exc})", node.span,
+                  Note(f"with {', '.join(f'{k} = {format_binding(v)}' for k, v in env.items())}"),
+                  Note(f"`{callee.name}` is declared as {callee.signature()}", callee.node.name_span))
+        self._call_edges.setdefault(ctx.sig.key, []).append((callee.key, node.span))
         self.calls[id(node)] = CallInfo(info.kind, info.target, tuple(env.items()), info.receiver)
-        return substitute(callee.result, env)
+        return result
 
     def _fill_defaults(self, callee: FnSig, env: dict, node) -> None:
         for g in callee.generics:
@@ -739,12 +816,14 @@ class Checker:
     def _call_prim(self, node: ast.Call, ctx: _FnContext) -> Type:
         prim = PRIMS[node.name]
         if len(node.generic_args) != prim.dtype_generics:
-            _fail("E0303", f"`{prim.name}` takes {prim.dtype_generics} generic argument(s), "
+            n = prim.dtype_generics
+            _fail("E0303", f"`{prim.name}` takes {n} generic argument{'s' if n != 1 else ''}, "
                   f"found {len(node.generic_args)}", node.span, Note(f"signature: {prim.signature}"))
         dtypes = [self._dtype_arg(a, "DType", ctx.sig.scope, f"generic argument of `{prim.name}`")
                   for a in node.generic_args]
         if len(node.args) not in prim.arity:
-            _fail("E0301", f"`{prim.name}` takes {' or '.join(map(str, prim.arity))} argument(s), "
+            plural = "" if prim.arity == (1,) else "s"
+            _fail("E0301", f"`{prim.name}` takes {' or '.join(map(str, prim.arity))} argument{plural}, "
                   f"found {len(node.args)}", node.span, Note(f"signature: {prim.signature}"))
         arg_types = [self._expr(a, ctx) for a in node.args]
         if any(isinstance(t, ErrorT) for t in arg_types):
@@ -755,9 +834,15 @@ class Checker:
         return result
 
     # ---------------------------------------------------------- generic binding
-    def _bind_explicit(self, generics: list[GenericInfo], args: list, scope, span: Span, what: str) -> dict:
+    def _bind_explicit(self, generics: list[GenericInfo], args: list, scope, span: Span, what: str,
+                       decl: Span | None = None) -> dict:
         if len(args) > len(generics):
-            _fail("E0303", f"{what} takes {len(generics)} generic argument(s), found {len(args)}", span)
+            n = len(generics)
+            # Only the extra arguments are wrong; `decl` points at the declaration for the list.
+            shown = ", ".join(("*" if g.kind == SHAPE_KIND else "") + g.name for g in generics)
+            _fail("E0303", f"{what} takes {n} generic argument{'s' if n != 1 else ''}, found {len(args)}", span,
+                  *((Note(f"declared with <{shown}>" if generics else "declared without generics", decl),)
+                    if decl else ()))
         env: dict[str, Binding] = {}
         for g, arg in zip(generics, args):
             if g.is_dtype:
@@ -777,8 +862,11 @@ class Checker:
         elif node.name in scope and scope[node.name].is_dtype:
             dtype = DTypeVar(node.name, scope[node.name].kind)
         else:
-            _fail("E0305", f"{what} must be a dtype, found `{node.name}`", node.span,
-                  Note(f"{kind} dtypes are {', '.join(DTYPE_KINDS[kind])}"))
+            known = scope.get(node.name)
+            found = f"`{node.name}`, a {known.kind} generic" if known else f"`{node.name}`"
+            dtypes = ("dtypes" if kind == "DType" else f"{kind} dtypes") + f" are {', '.join(DTYPE_KINDS[kind])}"
+            _fail("E0305", f"{what} must be a dtype, found {found}", node.span,
+                  *((Note(f"`{node.name}` is declared here", known.span),) if known else ()), Note(dtypes))
         if not dtype_kind_ok(dtype, kind):
             _fail("E0305", f"{what} must be {kind}, found {dtype}", node.span)
         return dtype
@@ -800,6 +888,13 @@ class Checker:
             return
         if isinstance(pattern.dtype, DTypeVar) and pattern.dtype.name in own and pattern.dtype.name not in env:
             if not actual.weak:
+                # An inferred dtype must fit the generic's kind, as an explicit one must:
+                # `gelu_erf` of i32 ids would otherwise check, with T: Float bound to i32.
+                g = own[pattern.dtype.name]
+                if not dtype_kind_ok(actual.dtype, g.kind):
+                    _fail("E0330", f"`{callee.name}` needs its generic `{g.name}` to be {g.kind} "
+                          f"({', '.join(DTYPE_KINDS[g.kind])}), but this argument has dtype {actual.dtype}",
+                          span, Note(f"`{g.name}: {g.kind}` is declared here", g.span))
                 env[pattern.dtype.name] = actual.dtype
         dims = list(pattern.dims)
         variadic_at = next((i for i, d in enumerate(dims) if isinstance(d, Variadic)), None)
@@ -860,8 +955,13 @@ class Checker:
                     if e != a:
                         return f"axis {i}: {a} is not {e}"
                 elif not facts.equal(e, a):
-                    return f"axis {i}: {a} is not {e}" + (
-                        f" (no `where` clause proves {a} == {e})" if e.free_symbols() | a.free_symbols() else "")
+                    reason = f"axis {i}: {a} is not {e}"
+                    if e.free_symbols() | a.free_symbols():
+                        hints = _divisibility_hints(e, a)
+                        # `Heads * (D / Heads)` is `D` exactly when Heads divides D: say so.
+                        tail = f"; `where {', '.join(hints)}` would prove it" if hints else ""
+                        reason += f" (no `where` clause proves {a} == {e}{tail})"
+                    return reason
             return None
         if isinstance(expected, DimT) and isinstance(actual, DimT):
             return None if facts.equal(expected.expr, actual.expr) else f"{actual.expr} is not {expected.expr}"
@@ -874,11 +974,15 @@ class Checker:
     def _discharge(self, clauses: list[WhereClause], env, facts: Facts, span: Span, what: str) -> None:
         """Prove a callee's `where` clauses, bound by `env`, from the caller's facts."""
         for clause in clauses:
-            bound = clause.substitute(env)
+            values = _describe_bindings(clause, env)
+            try:
+                bound = clause.substitute(env)
+            except DimError as exc:  # e.g. `D % H == 0` with H bound to 0
+                _fail("E0401", f"{what}: where clause `{_clause_text(clause)}` has no value ({exc})", span,
+                      Note(f"required here{values}", clause.span))
             verdict = facts.decide(bound.left, bound.op, bound.right)
             if verdict:
                 continue
-            values = _describe_bindings(clause, env)
             if verdict is False:
                 _fail("E0401", f"{what}: where clause `{_clause_text(clause)}` is violated ({bound} is false)",
                       span, Note(f"required here{values}", clause.span))
@@ -916,6 +1020,7 @@ class Checker:
         if node.name == "Tensor":
             _fail("E0203", "`Tensor` needs dims and a dtype: Tensor[B, S; f32]", node.span)
         _fail("E0203", f"unknown dtype `{node.name}`", node.span,
+              *self._suggest(node.name, list(ALL_DTYPES) + [n for n, g in scope.items() if g.is_dtype]),
               Note(f"dtypes are {', '.join(ALL_DTYPES)}, or a generic declared `T: Float`"))
 
     def _dim(self, node: ast.DimNode, scope) -> DimExpr:
@@ -967,6 +1072,9 @@ class _PrimCtx:
     def dims_equal(self, a, b):
         return self.ctx.facts.equal(a, b)
 
+    def decide(self, a, op, b):
+        return self.ctx.facts.decide(a, op, b)
+
     def same_numel(self, a, b):
         return self.ctx.facts.equal(_numel(a), _numel(b))
 
@@ -992,6 +1100,66 @@ def _facts_of(clauses: list[WhereClause]) -> Facts:
     for c in clauses:
         facts = facts.with_fact(c.left, c.op, c.right)
     return facts
+
+
+def _divisibility_hints(*exprs: DimExpr) -> list[str]:
+    """`p % q == 0` for each division `p / q` inside the expressions: the clause that
+    usually makes such a dim equal to the undivided one."""
+    hints: list[str] = []
+    for expr in exprs:
+        for atom in expr.atoms():
+            if isinstance(atom, FloorDiv):
+                hint = f"{mod(atom.num, atom.den)} == 0"
+                if hint not in hints:
+                    hints.append(hint)
+    return hints
+
+
+def _first_return(stmts: list[ast.Stmt]) -> ast.Return | None:
+    for stmt in stmts:
+        if isinstance(stmt, ast.Return):
+            return stmt
+        for inner in (getattr(stmt, "body", None), getattr(stmt, "then_body", None),
+                      getattr(stmt, "else_body", None)):
+            found = _first_return(inner) if inner else None
+            if found:
+                return found
+    return None
+
+
+class _CyclePath(list):
+    """The keys along a cycle (first == last), with the span of the edge that closes it."""
+
+    span: Span
+
+
+def _cycles(edges: dict[str, list[tuple[str, Span]]]):
+    """One cycle per back edge of a depth-first search, as (first node, path); deterministic."""
+    state: dict[str, str] = {}  # "open" while on the DFS path, "done" when finished
+    for start in sorted(edges):
+        if start in state:
+            continue
+        state[start] = "open"
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = [start]
+        while stack:
+            node, i = stack[-1]
+            out = edges.get(node, [])
+            if i >= len(out):
+                stack.pop()
+                path.pop()
+                state[node] = "done"
+                continue
+            stack[-1] = (node, i + 1)
+            target, span = out[i]
+            if state.get(target) == "open":
+                cycle = _CyclePath(path[path.index(target):] + [target])
+                cycle.span = span
+                yield target, cycle
+            elif target not in state:
+                state[target] = "open"
+                stack.append((target, 0))
+                path.append(target)
 
 
 def _inside(inner: Span, outer: Span) -> bool:

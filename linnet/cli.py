@@ -62,7 +62,7 @@ def _check_one(path: str, overrides) -> tuple[dict, list[str]]:
     report = {"path": path, "ok": True, "kind": target.kind, "seconds": round(elapsed, 4), "diagnostics": []}
     if compiled.instance is None:
         n = len([f for f in compiled.checked.functions.values()])
-        return report, [f"{path}: ok ({target.kind}, {n} functions checked) in {elapsed:.3f} s"]
+        return report, [f"{path}: ok ({target.kind}, {n} function{'s' if n != 1 else ''} checked) in {elapsed:.3f} s"]
     instance = compiled.instance
     generics = ", ".join(f"{k}={v}" for k, v in compiled.generics.items())
     report.update({

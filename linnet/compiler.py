@@ -6,12 +6,13 @@ linnet.toml) or a single `.linnet` file.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .check import CheckedProgram, check
-from .diagnostics import Diagnostic, LinnetError, SourceMap, Span
-from .instantiate import Instance, instantiate
+from .diagnostics import Diagnostic, LinnetError, SourceMap, Span, error
+from .instantiate import Instance, ValueOrigin, instantiate
 from .resolve import Program, display_path, load_file, load_package
 
 
@@ -39,10 +40,31 @@ def locate(path_or_name: str | Path) -> Target:
         return Target("file", path)
     if path.is_dir() and (path / "linnet.toml").is_file() and not (path / "nest.toml").is_file():
         return Target("package", path)
+    # What is clearly meant as a file or a folder gets a message about that file or folder,
+    # not "no zoo entry named 'src/model.linnet'".
+    if path.suffix == ".linnet" and not path.exists():
+        raise error("E0108", f"no such file: {path}")
+    if path.is_file():
+        raise error("E0108", f"{path} is not a Linnet source file (expected a .linnet file, a package "
+                             "folder with linnet.toml, or a zoo entry)")
+    if path.is_dir() and not (path / "nest.toml").is_file() and not _is_zoo_name(str(path_or_name)):
+        raise error("E0108", f"folder {path} is neither a package (no linnet.toml) nor a zoo entry (no nest.toml)")
     from .nest.manifest import load_manifest  # the zoo is optional for plain files and packages
 
     manifest = load_manifest(path_or_name)
     return Target("entry", manifest.dir, manifest)
+
+
+def _is_zoo_name(text: str) -> bool:
+    """A bare name of a zoo entry (a local folder of the same name does not shadow it)."""
+    from .paths import zoo_dir
+
+    if not text or "/" in text or "\\" in text or text in (".", ".."):
+        return False
+    try:
+        return (zoo_dir() / text / "nest.toml").is_file()
+    except FileNotFoundError:
+        return False
 
 
 def load_program(target: Target, sources: SourceMap | None = None) -> Program:
@@ -55,28 +77,115 @@ def load_program(target: Target, sources: SourceMap | None = None) -> Program:
     return load_package(manifest.source_dir(), manifest.source_file(), sources)
 
 
-def compile_target(target: Target, overrides: dict[str, int | str] | None = None) -> Compiled:
+def compile_target(target: Target, overrides: dict[str, int | str] | None = None,
+                   override_source: str = "--set") -> Compiled:
     """Check the program; for a zoo entry also instantiate it and check the [check] dims.
 
     `overrides` (from `--set NAME=VALUE`) replace values of the manifest's [generics] or
-    [check] dims, whichever declares the name; a name in neither goes to [generics], where
-    instantiation reports it if the root block has no such generic.
+    [check] dims, whichever declares the name; a name in neither goes to the [check] dims
+    when some entry of the root block has a dim by that name, else to [generics], where
+    instantiation reports it if the root block has no such generic. Diagnostics about an
+    override quote it as `{override_source} NAME=VALUE`.
     """
     program = load_program(target)
     checked = check(program)
     compiled = Compiled(target, checked)
     if target.kind != "entry":
+        if overrides:  # silently ignoring them would let a user believe they were checked
+            names = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            raise error("E0506", f"{override_source} {names}: values can only be set for a zoo entry, whose "
+                                 f"nest.toml names the root block; {target.path} is a {target.kind}")
         return compiled
     manifest = target.manifest
     generics, dims = dict(manifest.generics), dict(manifest.check)
+    entry_dims = _entry_dims(checked, manifest.source.root)
     for name, value in (overrides or {}).items():
-        (dims if name in dims else generics)[name] = value
-    origin = Span(display_path(manifest.dir / "nest.toml"), 1, 1, 1, 2)
-    instance = instantiate(checked, manifest.source.root, generics, origin)
+        (dims if name in dims or (name in entry_dims and name not in generics) else generics)[name] = value
+    nest_file = manifest.dir / "nest.toml"
+    origin = Span(display_path(nest_file), 1, 1, 1, 2)
+    origins = _value_origins(nest_file, generics, dims, overrides or {}, override_source)
+    problems = _bad_check_dims(dims, entry_dims, origins, origin)
+    try:
+        instance = instantiate(checked, manifest.source.root, generics, origin, origins)
+    except LinnetError as err:  # report bad [check] dims in the same run
+        raise LinnetError(err.diagnostics + problems, program.sources) from None
     compiled.instance, compiled.generics, compiled.check_dims = instance, generics, dims
-    problems: list[Diagnostic] = []
+    if problems:  # not integers: the preconditions cannot be evaluated with them
+        raise LinnetError(problems, program.sources)
     for entry in instance.entries:
-        problems.extend(instance.check_dims(entry, dims))
+        problems.extend(instance.check_dims(entry, dims, origins))
     if problems:
         raise LinnetError(problems, program.sources)
     return compiled
+
+
+def _entry_dims(checked: CheckedProgram, root: str) -> dict[str, Span]:
+    """The dims of the root block's entries (B, S), with the span declaring each."""
+    try:
+        block = checked.find_block(root)
+    except KeyError:
+        return {}
+    spans: dict[str, Span] = {}
+    for fn in block.functions.values():
+        for g in fn.generics if fn.is_entry else ():
+            spans.setdefault(g.name, g.span)  # the first entry that declares it
+    return spans
+
+
+def _bad_check_dims(dims: dict, entry_dims: dict[str, Span], origins: dict[str, ValueOrigin],
+                    origin: Span) -> list[Diagnostic]:
+    """An entry dim must be a non-negative integer (`--set S=x` would otherwise crash later)."""
+    problems = []
+    for name, value in dims.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            continue
+        message = f"`{name}` is a dim and needs a non-negative integer, found {value!r}"
+        where = origins.get(name)
+        if where is not None and where.span is None:
+            span = entry_dims.get(name, origin)
+            problems.append(Diagnostic("E0503", f"{message} (given by {where.text})", span))
+        else:
+            problems.append(Diagnostic("E0503", message, where.span if where else origin))
+    return problems
+
+
+_TOML_TABLE = re.compile(r"\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+_TOML_KEY = re.compile(r"\s*([A-Za-z0-9_-]+)\s*=")
+
+
+def _value_origins(nest_file: Path, generics: dict, dims: dict, overrides: dict,
+                   override_source: str = "--set") -> dict[str, ValueOrigin]:
+    """Where each value was written: its line in nest.toml, or `--set NAME=VALUE`.
+
+    A light line scan (tables and `key =` lines) is enough: the manifest has already been
+    validated as TOML, and a name that is not found just keeps the whole-file span.
+    """
+    shown = display_path(nest_file)
+    try:
+        lines = nest_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    found: dict[tuple[str, str], Span] = {}
+    table = ""
+    for number, text in enumerate(lines, start=1):
+        header = _TOML_TABLE.match(text)
+        if header:
+            table = header.group(1)
+            found.setdefault((table, ""), Span(shown, number, 1, number, len(text.rstrip()) + 1))
+            continue
+        key = _TOML_KEY.match(text)
+        if key:
+            col = key.start(1) + 1
+            found.setdefault((table, key.group(1)), Span(shown, number, col, number, len(text.rstrip()) + 1))
+    origins: dict[str, ValueOrigin] = {}
+    for table, values in (("generics", generics), ("check", dims)):
+        for name in values:
+            if (table, name) in found:
+                origins[name] = ValueOrigin(f"{shown} [{table}]", found[(table, name)])
+    if ("generics", "") in found:
+        origins["[generics]"] = ValueOrigin(f"{shown} [generics]", found[("generics", "")])
+    if ("source", "root") in found:
+        origins["<root>"] = ValueOrigin(f"{shown} [source].root", found[("source", "root")])
+    for name, value in overrides.items():
+        origins[name] = ValueOrigin(f"{override_source} {name}={value}")
+    return origins

@@ -119,10 +119,13 @@ def _excerpt(span: Span, sources: SourceMap | None, gutter: int) -> list[str]:
     end = span.end_col if span.end_line == span.line else len(source_line) + 1
     width = max(1, end - span.col)
     pad = " " * gutter
+    # Keep tabs before the span as tabs, so the carets line up however wide a tab shows.
+    indent = "".join("\t" if c == "\t" else " " for c in source_line[:span.col - 1])
+    indent += " " * (span.col - 1 - len(indent))  # a span just past the end of the line
     return [
         f"{pad} |",
         f"{span.line:>{gutter}} | {source_line}",
-        f"{pad} | {' ' * (span.col - 1)}{'^' * width}",
+        f"{pad} | {indent}{'^' * width}",
     ]
 
 

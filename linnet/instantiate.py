@@ -85,14 +85,17 @@ class Instance:
     def param_count(self) -> int:
         return sum(p.numel for p in self.params)
 
-    def check_dims(self, entry: str, values: dict[str, int]) -> list[Diagnostic]:
-        """Evaluate an entry's preconditions at concrete dims; one diagnostic per failure."""
+    def check_dims(self, entry: str, values: dict[str, int],
+                   origins: "dict[str, ValueOrigin] | None" = None) -> list[Diagnostic]:
+        """Evaluate an entry's preconditions at concrete dims; one diagnostic per failure.
+
+        `origins` (optional) says where each value was given, for notes pointing there."""
         sig = self.entries[entry]
         problems = []
         for pre in sig.preconditions:
             verdict = _evaluate(pre.bound, values)
             if verdict is False:
-                problems.append(_precondition_diagnostic(sig, pre, values, self.root.env))
+                problems.append(_precondition_diagnostic(sig, pre, values, self.root.env, origins or {}))
         return problems
 
 
@@ -113,78 +116,164 @@ def _values_text(clause: WhereClause, env: dict) -> str:
     return ", ".join(f"{n} = {format_binding(env[n])}" for n in names if n in env)
 
 
-def _precondition_diagnostic(sig: EntrySignature, pre: Precondition, values, block_env) -> Diagnostic:
+def _precondition_diagnostic(sig: EntrySignature, pre: Precondition, values, block_env,
+                             origins=None) -> Diagnostic:
     env = {**block_env, **values}
     left = pre.clause.left.substitute(dims_only(env))
     right = pre.clause.right.substitute(dims_only(env))
+    names = sorted(pre.clause.left.free_symbols() | pre.clause.right.free_symbols())
+    notes = _origin_notes(names, {k: v for k, v in env.items()}, origins or {})
     return Diagnostic(
         "E0403",
         f"entry `{sig.name}` cannot run with {_values_text(pre.clause, env)}: "
         f"`{pre.clause}` requires {left} {pre.clause.op} {right}",
         pre.clause.span,
-        (Note(f"`{sig.name}` declares this precondition; the values come from the [check] dims or --set"),),
+        (Note(f"`{sig.name}` declares this precondition" +
+              ("" if notes else "; the values come from the [check] dims or --set")), *notes),
     )
 
 
+@dataclass(frozen=True)
+class ValueOrigin:
+    """Where the value of a root generic (or an entry dim) came from, for diagnostics.
+
+    `span` is its line in a manifest (`D = 768` under `[generics]`); None when it was given
+    on the command line, which `text` then quotes (`--set D=-1`).
+    """
+
+    text: str
+    span: Span | None = None
+
+
 def instantiate(checked: CheckedProgram, root: str, generics: dict[str, int | str],
-                origin: Span | None = None) -> Instance:
-    """Bind the root block's generics and build the model; raises LinnetError on any violation."""
+                origin: Span | None = None, origins: "dict[str, ValueOrigin] | None" = None) -> Instance:
+    """Bind the root block's generics and build the model; raises LinnetError on any violation.
+
+    `origin` is where the values as a whole come from (the manifest); `origins` says, per
+    name, where each value was written, so a bad value is pointed at where it was given.
+    """
+    origins = origins or {}
     try:
         block = checked.find_block(root)
     except KeyError:
         known = ", ".join(sorted(b.name for b in checked.blocks.values() if b.module.name in
                                  {m.name for m in checked.program.roots}))
-        raise LinnetError(Diagnostic("E0501", f"no block `{root}` in the package (blocks: {known})", origin),
+        where = origins.get("<root>")
+        raise LinnetError(Diagnostic("E0501", f"no block `{root}` in the package (blocks: {known})",
+                                     where.span if where and where.span else origin),
                           checked.program.sources) from None
-    env = _bind_root(block, generics, origin, checked)
+    env = _bind_root(block, generics, origin, checked, origins)
     errors: list[Diagnostic] = []
     # The checker proved every sub-block's clauses from its parent's, so the root's decide.
-    _check_clauses(block, env, errors)
+    _check_clauses(block, env, errors, origins)
     if errors:
         raise LinnetError(errors, checked.program.sources)
-    root_instance = _build(block, env, "", checked)
-    entries = {name: _entry_signature(fn, env) for name, fn in block.functions.items() if fn.is_entry}
+    # Dims the clauses do not constrain can still make a shape negative (`N - 4` with N = 2)
+    # or divide by zero; those are reported here, not by a crash further on.
+    root_instance = _build(block, env, "", checked, errors, origins)
+    entries = {}
+    for name, fn in block.functions.items():
+        if fn.is_entry:
+            try:
+                entries[name] = _entry_signature(fn, env)
+            except DimError as exc:
+                errors.append(Diagnostic("E0505", f"entry `{name}` has no valid signature with "
+                                         f"{_env_text(env)}: {exc}", fn.node.name_span,
+                                         _origin_notes(sorted(env), env, origins)))
+    if errors:
+        # One report per source place: a bad sub array element would repeat for every index.
+        unique: dict = {}
+        for d in errors:
+            unique.setdefault((d.code, d.span), d)
+        raise LinnetError(list(unique.values()), checked.program.sources)
     return Instance(checked, root_instance, entries)
 
 
-def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked) -> dict[str, Binding]:
+def _env_text(env) -> str:
+    return ", ".join(f"{k} = {format_binding(v)}" for k, v in env.items())
+
+
+def _origin_notes(names, env, origins) -> tuple[Note, ...]:
+    """One note per value that came from a known place: its manifest line or `--set`."""
+    notes = []
+    for n in names:
+        where = origins.get(n)
+        if where is None or n not in env:
+            continue
+        if where.span is not None:
+            notes.append(Note(f"{n} = {format_binding(env[n])} is set here", where.span))
+        else:
+            notes.append(Note(f"{n} = {format_binding(env[n])} comes from {where.text}"))
+    return tuple(notes)
+
+
+def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
+               origins: "dict[str, ValueOrigin] | None" = None) -> dict[str, Binding]:
+    origins = origins or {}
     errors: list[Diagnostic] = []
     env: dict[str, Binding] = {}
+
+    def bad_value(g, message: str) -> Diagnostic:
+        # Point at where the value was written: its manifest line, or (for --set, which has
+        # no file) the generic's declaration. Only without either fall back to the manifest.
+        where = origins.get(g.name)
+        if where is not None and where.span is not None:
+            return Diagnostic("E0503", message, where.span, (Note(f"`{g.name}` is declared here", g.span),))
+        if where is not None:
+            return Diagnostic("E0503", f"{message} (given by {where.text})", g.span)
+        return Diagnostic("E0503", message, origin, (Note("declared here", g.span),))
+
     for g in block.generics:
         if g.name not in values:
             if g.default is None:
+                table = origins.get("[generics]")
                 errors.append(Diagnostic("E0502", f"generic `{g.name}` of `{block.name}` has no value",
-                                         origin, (Note("declared here", g.span),)))
+                                         table.span if table and table.span else origin,
+                                         (Note("declared here without a default", g.span),)))
             else:
                 env[g.name] = g.default
             continue
         value = values[g.name]
         if g.kind == DIM_KIND:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                errors.append(Diagnostic("E0503", f"`{g.name}` is a Dim and needs a non-negative integer, "
-                                         f"found {value!r}", origin, (Note("declared here", g.span),)))
+                errors.append(bad_value(g, f"`{g.name}` is a Dim and needs a non-negative integer, "
+                                           f"found {value!r}"))
                 continue
             env[g.name] = const(value)
         elif g.kind in DTYPE_KINDS:
             if not isinstance(value, str) or not dtype_kind_ok(value, g.kind):
-                errors.append(Diagnostic("E0503", f"`{g.name}` is {g.kind} and needs one of "
-                                         f"{', '.join(DTYPE_KINDS[g.kind])}, found {value!r}", origin,
-                                         (Note("declared here", g.span),)))
+                errors.append(bad_value(g, f"`{g.name}` is {g.kind} and needs one of "
+                                           f"{', '.join(DTYPE_KINDS[g.kind])}, found {value!r}"))
                 continue
             env[g.name] = value
-    unknown = sorted(set(values) - {g.name for g in block.generics})
-    if unknown:
-        errors.append(Diagnostic("E0504", f"`{block.name}` has no generic {', '.join(unknown)}", origin,
-                                 (Note(f"its generics are {', '.join(g.name for g in block.generics)}",
-                                       block.node.name_span),)))
+    for name in sorted(set(values) - {g.name for g in block.generics}):
+        where = origins.get(name)
+        generics_note = Note(f"its generics are {', '.join(g.name for g in block.generics)}",
+                             block.node.name_span)
+        message = f"`{block.name}` has no generic {name}"
+        if where is not None and where.span is None:
+            errors.append(Diagnostic("E0504", f"{message} (given by {where.text})", block.node.name_span,
+                                     (Note(f"its generics are {', '.join(g.name for g in block.generics)}"),)))
+        else:
+            errors.append(Diagnostic("E0504", message, where.span if where else origin, (generics_note,)))
     if errors:
         raise LinnetError(errors, checked.program.sources)
     return env
 
 
-def _check_clauses(block: BlockSig, env, errors: list[Diagnostic]) -> None:
+def _check_clauses(block: BlockSig, env, errors: list[Diagnostic], origins=None) -> None:
+    origins = origins or {}
     for clause in block.where:
-        bound = clause.substitute(env)
+        names = sorted(clause.left.free_symbols() | clause.right.free_symbols())
+        notes = _origin_notes(names, env, origins) or (
+            Note("the values come from the manifest's [generics] or --set"),)
+        try:
+            bound = clause.substitute(env)
+        except DimError as exc:  # `D % Heads == 0` with Heads = 0: the clause has no value
+            errors.append(Diagnostic(
+                "E0401", f"where clause `{clause}` of `{block.name}` cannot hold with "
+                f"{_values_text(clause, env)}: {exc}", clause.span, notes))
+            continue
         if _evaluate(bound, {}) is False:
             left, right = bound.left, bound.right
             shown = f"`{clause.left}` is {left}" if str(clause.left) != str(left) else ""
@@ -194,25 +283,66 @@ def _check_clauses(block: BlockSig, env, errors: list[Diagnostic]) -> None:
                 "E0401",
                 f"where clause `{clause}` of `{block.name}` is violated: with {_values_text(clause, env)}, "
                 f"{shown or str(bound)}, so `{left} {clause.op} {right}` is false",
-                clause.span,
-                (Note("the values come from the manifest's [generics] or --set"),)))
+                clause.span, notes))
 
 
-def _build(block: BlockSig, env, path: str, checked: CheckedProgram) -> BlockInstance:
+def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
+           errors: list[Diagnostic] | None = None, origins=None) -> BlockInstance:
+    errors = [] if errors is None else errors
     instance = BlockInstance(block, env, path)
     prefix = f"{path}." if path else ""
-    for name, (t, _) in block.params.items():
-        concrete = substitute(t, env)
-        shape = tuple(d.as_int() for d in concrete.dims)
+    for name, (t, span) in block.params.items():
+        try:
+            concrete = substitute(t, env)
+            shape = tuple(d.evaluate({}) for d in concrete.dims)
+        except DimError as exc:
+            errors.append(_bad_dims(block, f"param `{prefix + name}`", str(exc), span, env, origins, t))
+            continue
+        if any(n < 0 for n in shape):
+            errors.append(_bad_dims(block, f"param `{prefix + name}`", f"its shape {list(shape)} has a "
+                                    f"negative dim (declared {t})", span, env, origins, t))
+            continue
         instance.params.append(ParamSpec(prefix + name, shape, concrete.dtype))
-    for name, (sub, _) in block.subs.items():
+    for name, (sub, span) in block.subs.items():
         if isinstance(sub, SubArrayT):
-            count = sub.count.substitute(dims_only(env)).as_int()
-            instance.children[name] = [
-                _build_child(sub.element, env, f"{prefix}{name}.{i}", checked) for i in range(count)]
+            try:
+                count = sub.count.substitute(dims_only(env)).evaluate({})
+            except DimError as exc:
+                errors.append(_bad_dims(block, f"sub array `{prefix + name}`", str(exc), span, env, origins,
+                                        sub.count))
+                continue
+            if count < 0:
+                errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} "
+                                        f"is {count}", span, env, origins, sub.count))
+                continue
+            element = sub.element
         else:
-            instance.children[name] = _build_child(sub, env, prefix + name, checked)
+            element, count = sub, None
+        try:
+            child_env = {n: _substitute_binding(value, env) for n, value in element.bindings}
+        except DimError as exc:
+            errors.append(_bad_dims(block, f"sub `{prefix + name}`", str(exc), span, env, origins))
+            continue
+        child = checked.blocks[element.block]
+        # A child's values are derived from the parent's, so they have no origin of their own.
+        if count is None:
+            instance.children[name] = _build(child, child_env, prefix + name, checked, errors)
+        else:
+            instance.children[name] = [_build(child, dict(child_env), f"{prefix}{name}.{i}", checked, errors)
+                                       for i in range(count)]
     return instance
+
+
+def _bad_dims(block: BlockSig, what: str, reason: str, span: Span, env, origins, declared=None) -> Diagnostic:
+    """A concrete shape that cannot exist: negative, or dividing by zero."""
+    dims = dims_only(env)
+    if declared is not None:  # show only the values the declaration uses
+        used = set()
+        for d in getattr(declared, "dims", None) or (declared,):
+            used |= d.free_symbols() if isinstance(d, DimExpr) else set()
+        dims = {k: v for k, v in dims.items() if k in used} or dims
+    return Diagnostic("E0505", f"{what} of `{block.name}` cannot be built with {_env_text(dims)}: "
+                      f"{reason}", span, _origin_notes(sorted(dims), env, origins or {}))
 
 
 def _build_child(sub: SubT, parent_env, path: str, checked: CheckedProgram) -> BlockInstance:

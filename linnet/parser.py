@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
+from lark.lexer import PatternStr
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast
@@ -17,11 +18,11 @@ from .diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
 
 # Friendly names for lark's terminal names in "expected ..." messages.
 _TOKEN_NAMES = {
-    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "LBRACE": "'{'", "RBRACE": "'}'",
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a float", "LBRACE": "'{'", "RBRACE": "'}'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LESSTHAN": "'<'", "MORETHAN": "'>'",
     "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='", "CMP": "a comparison",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "DOT": "'.'",
-    "__ANON_0": "'::'", "$END": "end of file", "FN_KIND": "'fn' or 'entry'", "PUB": "'pub'",
+    "$END": "end of file", "PUB": "'pub'",
 }
 
 
@@ -39,6 +40,14 @@ def parse(text: str, file: str, sources: SourceMap | None = None) -> ast.Module:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise LinnetError(_syntax_diagnostic(exc, text, file), sources) from None
+    # Every later stage walks the tree recursively; a tree deeper than Python's recursion can
+    # follow (a sum of 600 terms) is a clear diagnostic here rather than a RecursionError there.
+    deep = _too_deep(tree, MAX_DEPTH)
+    if deep is not None:
+        raise LinnetError(Diagnostic(
+            "E0004", f"this expression nests too deeply for the compiler (more than {MAX_DEPTH} levels)",
+            _span(file, deep.meta) if not deep.meta.empty else Span(file, 1, 1, 1, 1),
+            (Note("split it into several `let` statements"),)), sources)
     try:
         module = _ToAst(file).transform(tree)
     except VisitError as exc:
@@ -51,17 +60,78 @@ def parse(text: str, file: str, sources: SourceMap | None = None) -> ast.Module:
     return module
 
 
+#: How deep a syntax tree may be (BERT's is 15; each binary operator adds one level).
+MAX_DEPTH = 200
+
+
+def _too_deep(tree: Tree, limit: int) -> Tree | None:
+    """The first node found below depth `limit`, searched without recursion; None if none."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return node
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+    return None
+
+
+def _describe_terminal(name: str) -> str:
+    """How an expected terminal reads in a message: `'->'`, `'}'`, `a name`."""
+    if name in _TOKEN_NAMES:
+        return _TOKEN_NAMES[name]
+    try:
+        pattern = _parser().get_terminal(name).pattern
+    except KeyError:
+        return name.lower()
+    # Keywords and punctuation are plain strings (`'->'`, `'return'`); lark names anonymous
+    # ones `__ANON_<n>`, which would mean nothing to a user.
+    return repr(pattern.value) if isinstance(pattern, PatternStr) else name.lower()
+
+
+_EXPRESSION_START = {"a name", "an integer", "a float", "'('", "'['", "'-'", "'some'", "'none'"}
+_COMPARISONS = {"'<'", "'>'", "'<='", "'>='", "'=='", "'!='"}
+_OPERATORS = {"'+'", "'-'", "'*'", "'/'", "'%'"}
+
+
 def _describe_expected(expected: set[str]) -> str:
-    names = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in expected})
-    if len(names) > 6:
-        names = names[:6] + ["..."]
-    return ", ".join(names)
+    names = {_describe_terminal(t) for t in expected}
+    # Whole families read better than their members: "an expression", not eight tokens.
+    groups = []
+    if {"a name", "an integer", "'('"} <= names:
+        names -= _EXPRESSION_START
+        groups.append("an expression")
+    if _COMPARISONS <= names:
+        names -= _COMPARISONS
+        groups.append("a comparison (==, !=, <, <=, >, >=)")
+    if _OPERATORS - {"'-'"} <= names:
+        names -= _OPERATORS
+        groups.append("an operator (+ - * / %)")
+    listed = groups + sorted(names)
+    if len(listed) > 8:
+        listed = listed[:8] + ["..."]
+    return ", ".join(listed)
+
+
+def _expected_terminals(exc: UnexpectedInput) -> set[str]:
+    """The terminals the parser would really take at the error.
+
+    LALR's `expected` set is approximate (merged states add tokens that cannot follow);
+    the interactive parser tries each one, which is exact and only costs time on errors.
+    """
+    interactive = getattr(exc, "interactive_parser", None)
+    if interactive is not None:
+        try:
+            return set(interactive.accepts())
+        except Exception:  # noqa: BLE001 - fall back to lark's approximation
+            pass
+    return set(getattr(exc, "expected", None) or getattr(exc, "accepts", None) or ())
 
 
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     line = getattr(exc, "line", None) or 1
     col = getattr(exc, "column", None) or 1
-    if isinstance(exc, UnexpectedToken) and exc.token.type == "$END" or isinstance(exc, UnexpectedEOF):
+    at_eof = isinstance(exc, UnexpectedEOF) or isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
+    if at_eof:
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
         found, width = "end of file", 1
@@ -74,13 +144,38 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     if isinstance(exc, UnexpectedCharacters):
         code, message = "E0001", f"unexpected character {found}"
     else:
-        expected = getattr(exc, "expected", None) or getattr(exc, "accepts", None) or set()
+        expected = _expected_terminals(exc)
         code = "E0002"
         message = f"unexpected {found}"
         if expected:
             message += f"; expected {_describe_expected(set(expected))}"
     span = Span(file, line, col, line, col + width)
-    return Diagnostic(code, message, span)
+    notes: tuple[Note, ...] = ()
+    opener = _unclosed_bracket(text) if at_eof else None
+    if opener is not None:
+        # The usual cause of a file ending too early is a bracket left open: say which one
+        # rather than listing every token the parser could take next (LALR's list is long).
+        o_line, o_col, char = opener
+        message = f"unexpected end of file; expected `{_CLOSERS[char]}` to close the `{char}` at line {o_line}"
+        notes = (Note(f"this `{char}` is never closed", Span(file, o_line, o_col, o_line, o_col + 1)),)
+    return Diagnostic(code, message, span, notes)
+
+
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _unclosed_bracket(text: str) -> tuple[int, int, str] | None:
+    """The innermost bracket still open at the end of `text` (line, col, char), ignoring comments."""
+    stack: list[tuple[int, int, str]] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for number, source_line in enumerate(text.splitlines(), start=1):
+        code_part = source_line.split("//", 1)[0]
+        for index, char in enumerate(code_part, start=1):
+            if char in "([{":
+                stack.append((number, index, char))
+            elif char in pairs and stack and stack[-1][2] == pairs[char]:
+                stack.pop()
+    return stack[-1] if stack else None
 
 
 def _span(file: str, meta) -> Span:
@@ -198,6 +293,9 @@ class _ToAst(Transformer):
         return ast.Function(str(name), public, str(kind) == "entry", generics, params, result, where,
                             body, self._s(meta), self._t(name))
 
+    def fn_kind(self, meta, children):
+        return str(children[0])
+
     def fn_params(self, meta, children):
         return ("params", list(children))
 
@@ -298,13 +396,13 @@ class _ToAst(Transformer):
 
     def for_stmt(self, meta, children):
         var, iterable, (_, body) = children
-        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable))
+        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var))
 
     def if_some_stmt(self, meta, children):
         binding, option, (_, then_body), *rest = children
         else_body = rest[0][1] if rest else []
         return ast.IfSome(str(binding), ast.Name(str(option), self._t(option)), then_body, else_body,
-                          self._s(meta))
+                          self._s(meta), self._t(binding))
 
     # -- expressions
     def _binary(self, op, meta, children):
@@ -387,4 +485,20 @@ class _ToAst(Transformer):
 
 
 def parse_file(path: Path, sources: SourceMap | None = None, display_name: str | None = None) -> ast.Module:
-    return parse(path.read_text(encoding="utf-8"), display_name or str(path), sources)
+    name = display_name or str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LinnetError(Diagnostic("E0003", f"cannot read {name}: {exc.strerror or exc}",
+                                     Span(name, 1, 1, 1, 1)), sources) from None
+    try:
+        # `utf-8-sig`: a byte-order mark (some Windows editors write one) is not source text.
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise LinnetError(Diagnostic("E0003", f"{name} is not UTF-8 text: byte 0x{data[exc.start]:02x} at "
+                                     f"line {line}, column {col} cannot be decoded", Span(name, line, col, line, col + 1),
+                                     (Note("Linnet sources are UTF-8; re-save the file as UTF-8"),)),
+                          sources) from None
+    return parse(text, name, sources)

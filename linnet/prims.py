@@ -23,6 +23,8 @@ class PrimContext(Protocol):
 
     def dims_equal(self, a: DimExpr, b: DimExpr) -> bool: ...
 
+    def decide(self, a: DimExpr, op: str, b: DimExpr) -> bool | None: ...
+
     def same_numel(self, a: tuple, b: tuple) -> bool: ...
 
 
@@ -128,7 +130,8 @@ def _matmul(call: PrimCall) -> Type:
         call.fail(f"`matmul` operands differ in dtype: {a.dtype} and {b.dtype}", code="E0330")
     k_a, k_b = a.dims[-1], b.dims[-2]
     if not call.ctx.dims_equal(k_a, k_b):
-        call.fail(f"`matmul` inner dims differ: {a} has K = {k_a} but {b} has K = {k_b}", code="E0321")
+        call.fail(f"`matmul` inner dims differ: the last dim of {a} is {k_a}, but the second-to-last "
+                  f"dim of {b} is {k_b}", code="E0321")
     batch = call.ctx.broadcast(TensorT(a.dims[:-2], a.dtype), TensorT(b.dims[:-2], b.dtype), call.span)
     return TensorT(batch.dims + (a.dims[-2], b.dims[-1]), a.dtype)
 
@@ -160,6 +163,10 @@ def _reshape(call: PrimCall) -> Type:
     t = call.tensor(0)
     call.known_rank(0, t)
     target = _static_list(call, 1, "the target shape")
+    negative = [d for d in target.items if call.ctx.decide(d, "<", const(0))]
+    if negative:  # a common habit from numpy/torch, where -1 means "infer this dim"
+        call.fail(f"reshape target dims cannot be negative, found {negative[0]}; Linnet does not infer "
+                  f"a -1 dim, write it out (e.g. D / Heads)", 1, code="E0324")
     if not call.ctx.same_numel(t.dims, target.items):
         call.fail(f"cannot reshape {t} to [{', '.join(map(str, target.items))}]: "
                   f"the element counts {_product(t.dims)} and {_product(target.items)} cannot be proven equal",
@@ -189,6 +196,8 @@ def _iota(call: PrimCall) -> Type:
         call.fail(f"`iota` takes a dim such as `S`, found {n}", 0)
     if not is_int(dtype):
         call.fail(f"`iota` makes integer indices; {dtype} is not an integer dtype", code="E0330")
+    if call.ctx.decide(n.expr, "<", const(0)):
+        call.fail(f"`iota` needs a count of at least 0, found {n.expr}", 0, code="E0326")
     return TensorT((n.expr,), dtype)
 
 

@@ -78,6 +78,7 @@ class Resolver:
         self.modules: dict[str, ModuleInfo] = {}
         self.errors: list[Diagnostic] = []
         self._loading: list[str] = []  # the chain of modules being loaded, to report cycles
+        self._importing: list[Span] = []  # the `use` that is loading each module after the first
 
     def load(self, name: str | None, path: Path) -> ModuleInfo:
         """Parse and resolve one module; `name=None` takes the declared name (or the stem)."""
@@ -115,15 +116,23 @@ class Resolver:
     def _resolve_use(self, info: ModuleInfo, use: ast.Use) -> None:
         target_name = ".".join(use.path)
         if target_name in self._loading:
-            chain = " -> ".join(self._loading[self._loading.index(target_name):] + [target_name])
-            self.errors.append(Diagnostic("E0103", f"import cycle: {chain}", use.path_span))
+            start = self._loading.index(target_name)
+            chain = " -> ".join(self._loading[start:] + [target_name])
+            # Each earlier link of the cycle, so the whole loop can be seen.
+            notes = tuple(Note(f"`{self._loading[i]}` imports `{self._loading[i + 1]}` here", span)
+                          for i, span in zip(range(start, len(self._loading) - 1), self._importing[start:]))
+            self.errors.append(Diagnostic("E0103", f"import cycle: {chain}", use.path_span, notes))
             return
         path = self.locator.find(use.path)
         if path is None:
             self.errors.append(Diagnostic("E0101", f"unknown module `{target_name}`", use.path_span,
                                           (Note(self._where_modules_come_from()),)))
             return
-        target = self.load(target_name, path)
+        self._importing.append(use.path_span)
+        try:
+            target = self.load(target_name, path)
+        finally:
+            self._importing.pop()
         for name, span in use.names:
             self._import_name(info, target, name, span)
 
