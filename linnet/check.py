@@ -28,8 +28,15 @@ from .types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND
 
 
 class _Failure(Exception):
-    def __init__(self, diagnostic: Diagnostic):
+    """A check failed; `diagnostic` None means it failed because of an error already reported."""
+
+    def __init__(self, diagnostic: Diagnostic | None):
         self.diagnostic = diagnostic
+
+
+def _silent() -> NoReturn:
+    """Give up on a check whose cause was already reported (a broken declaration it uses)."""
+    raise _Failure(None)
 
 
 def _fail(code: str, message: str, span: Span | None, *notes: Note) -> NoReturn:
@@ -201,6 +208,11 @@ class Checker:
         self.names: dict[int, NameInfo] = {}
         # caller key -> [(callee key, span of the call)], for rejecting recursion
         self._call_edges: dict[str, list[tuple[str, Span]]] = {}
+        # Declarations that failed (blocks `m::B`, functions `m::f` / `m::B.f`, members
+        # `m::B#name`): uses of them fail silently instead of piling up follow-on errors
+        # such as "`g` takes 1 argument" for a `g` whose second parameter had a bad type.
+        self._broken: set[str] = set()
+        self._silenced = 0  # checks given up because of an earlier error
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CheckedProgram:
@@ -218,6 +230,8 @@ class Checker:
             if fn.checked:
                 self._check_body(fn)
         self._check_call_cycles()
+        if self._silenced and not self.errors:  # a check was skipped for an error never reported
+            raise InternalError(f"{self._silenced} check(s) were skipped, but no error was reported")
         if self.errors:
             # In source order (the checker works in phases: declarations, signatures, bodies).
             self.errors.sort(key=lambda d: (d.span.file, d.span.line, d.span.col) if d.span else ("", 0, 0))
@@ -243,12 +257,21 @@ class Checker:
                 "E0317", f"`{key.split('::')[-1]}` calls itself: {names}", path.span,
                 (Note("Linnet inlines every call, so recursion would never end"),)))
 
-    def _guard(self, step, *args) -> None:
+    def _guard(self, step, *args) -> bool:
+        """Run one check; a failure is recorded and the rest goes on. True when it passed."""
         if args and args[0] is None:
-            return
+            return False
         try:
             step(*args)
         except _Failure as failure:
+            self._record(failure)
+            return False
+        return True
+
+    def _record(self, failure: _Failure) -> None:
+        if failure.diagnostic is None:
+            self._silenced += 1
+        else:
             self.errors.append(failure.diagnostic)
 
     @staticmethod
@@ -261,9 +284,11 @@ class Checker:
             if isinstance(item, ast.Const):
                 self._guard(self._check_const, module, item)
             elif isinstance(item, ast.Block):
-                self._guard(self._collect_block_header, module, item)
+                if not self._guard(self._collect_block_header, module, item):
+                    self._broken.add(self._key(module, item.name))
             elif isinstance(item, ast.Function):
-                self._guard(self._collect_free_fn, module, item)
+                if not self._guard(self._collect_free_fn, module, item):
+                    self._broken.add(self._key(module, item.name))
 
     def _check_const(self, module: ModuleInfo, node: ast.Const) -> None:
         dtype = node.type.name
@@ -308,10 +333,13 @@ class Checker:
         generics = self._generic_infos(node.generics, {})
         block = BlockSig(self._key(module, node.name), node.name, node, module, generics)
         self.blocks[block.key] = block
+        # Methods first: a bad `where` clause below should not make every call of them an
+        # "unknown function" too (the block is marked broken and its methods go unchecked).
+        for fn_node in node.functions:
+            if not self._guard(self._collect_method, block, fn_node) and fn_node.name not in block.functions:
+                self._broken.add(f"{block.key}.{fn_node.name}")
         block.where = [self._where(c, block.scope) for c in node.where]
         block.facts = _facts_of(block.where)
-        for fn_node in node.functions:
-            self._guard(self._collect_method, block, fn_node)
 
     def _collect_method(self, block: BlockSig, node: ast.Function) -> None:
         if node.name in block.functions:
@@ -335,9 +363,11 @@ class Checker:
     def _check_block_members(self, block: BlockSig) -> None:
         scope = block.scope
         for decl in block.node.params:
-            self._guard(self._check_param_decl, block, decl, scope)
+            if not self._guard(self._check_param_decl, block, decl, scope) and decl.name not in block.params:
+                self._broken.add(f"{block.key}#{decl.name}")
         for decl in block.node.subs:
-            self._guard(self._check_sub_decl, block, decl, scope)
+            if not self._guard(self._check_sub_decl, block, decl, scope) and decl.name not in block.subs:
+                self._broken.add(f"{block.key}#{decl.name}")
 
     def _check_member_name(self, block: BlockSig, name: str, span: Span) -> None:
         if name in block.params or name in block.subs:
@@ -380,6 +410,8 @@ class Checker:
 
     # -------------------------------------------------------------- signatures
     def _check_signature(self, fn: FnSig) -> None:
+        if fn.block is not None and fn.block.key in self._broken:
+            _silent()  # the block's header failed: its facts are unknown, so skip its functions
         node = fn.node
         fn.where = [self._where(c, fn.scope) for c in node.where]
         block_clauses = fn.block.where if fn.block else []
@@ -432,7 +464,7 @@ class Checker:
             try:
                 returned = self._check_stmt(stmt, ctx)
             except _Failure as failure:
-                self.errors.append(failure.diagnostic)
+                self._record(failure)
                 self._poison(stmt, ctx)
                 returned = isinstance(stmt, ast.Return)
             if returned:
@@ -498,6 +530,8 @@ class Checker:
     def _check_staticfor(self, stmt: ast.StaticFor, ctx: _FnContext) -> bool:
         block = ctx.sig.block
         member = block.subs.get(stmt.iterable) if block else None
+        if member is None and block is not None and f"{block.key}#{stmt.iterable}" in self._broken:
+            _silent()
         if member is None or not isinstance(member[0], SubArrayT):
             _fail("E0314", f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
                   stmt.iterable_span)
@@ -572,6 +606,8 @@ class Checker:
             return block.params[node.name][0]
         if block is not None and node.name in block.subs:
             return block.subs[node.name][0]
+        if block is not None and f"{block.key}#{node.name}" in self._broken:
+            return ErrorT()  # a member whose declaration failed
         generic = ctx.sig.scope.get(node.name)
         if generic is not None:
             if generic.kind != DIM_KIND:
@@ -733,6 +769,8 @@ class Checker:
             inner = self._expr(node.args[0], ctx)
             return inner if isinstance(inner, ErrorT) else SomeT(inner)
         block = ctx.sig.block
+        if block is not None and f"{block.key}.{node.name}" in self._broken:
+            _silent()  # a sibling whose declaration failed
         if block is not None and node.name in block.functions:
             callee = block.functions[node.name]
             env = {g.name: g.symbol() for g in block.generics}
@@ -765,6 +803,8 @@ class Checker:
                   node.receiver.span)
         target = self.blocks[receiver.block]
         callee = target.functions.get(node.method)
+        if callee is None and f"{target.key}.{node.method}" in self._broken:
+            _silent()
         if callee is None:
             _fail("E0202", f"block `{target.name}` has no function `{node.method}`", node.name_span,
                   *(self._suggest(node.method, list(target.functions)) or
@@ -777,6 +817,10 @@ class Checker:
         return self._call_fn(node, callee, dict(receiver.bindings), ctx, info)
 
     def _call_fn(self, node, callee: FnSig, env: dict, ctx: _FnContext, info: CallInfo) -> Type:
+        if not callee.checked:  # its signature failed (reported): check the arguments only
+            for arg in node.args:
+                self._expr(arg, ctx)
+            return ErrorT()
         generic_args = getattr(node, "generic_args", [])
         env = dict(env)
         env.update(self._bind_explicit(callee.generics, generic_args, ctx.sig.scope, node.span,
@@ -1052,7 +1096,7 @@ class Checker:
         key = self._key(owner, name)
         if isinstance(item, ast.Block):
             if key not in self.blocks:
-                _fail("E0208", f"block `{name}` has errors in its declaration", span)
+                _silent()  # its declaration failed, and that was reported
             return self.blocks[key]
         return self.functions.get(key)
 

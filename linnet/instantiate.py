@@ -185,7 +185,9 @@ def instantiate(checked: CheckedProgram, root: str, generics: dict[str, int | st
         unique: dict = {}
         for d in errors:
             unique.setdefault((d.code, d.span), d)
-        raise LinnetError(list(unique.values()), checked.program.sources)
+        ordered = sorted(unique.values(), key=lambda d: (d.span.file, d.span.line, d.span.col) if d.span
+                         else ("", 0, 0))
+        raise LinnetError(ordered, checked.program.sources)
     return Instance(checked, root_instance, entries)
 
 

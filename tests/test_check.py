@@ -427,6 +427,6 @@ block Inner<D: Dim> {
     with pytest.raises(LinnetError) as info:
         instantiate(checked, "Model", {"D": 4, "L": 3})
     found = [(d.code, d.span.line) for d in info.value.diagnostics]
-    assert found == [("E0505", 7), ("E0505", 8), ("E0505", 4)]
-    assert "layers.0.a" in info.value.diagnostics[0].message
-    assert "[-1]" in info.value.diagnostics[0].message
+    assert found == [("E0505", 4), ("E0505", 7), ("E0505", 8)]  # source order, each once
+    assert "layers.0.a" in info.value.diagnostics[1].message
+    assert "[-1]" in info.value.diagnostics[1].message
