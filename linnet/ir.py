@@ -276,9 +276,6 @@ def verify(program: Program) -> None:
     if program.root not in program.blocks:
         raise InternalError(f"root block {program.root} missing")
     for entry in program.entries.values():
-        allowed = set(entry.dims)
-        for name, _ in entry.inputs:
-            pass
         if entry.function not in program.functions:
             raise InternalError(f"entry {entry.name} points at a missing function")
         missing = set(entry.dims) - set(entry.dim_sources)

@@ -144,7 +144,6 @@ class Lowerer:
         self.function_ids[key] = fn_id
         scope = _Scope(sig, env, block, block_id)
         params: list[tuple[str, ir.TensorType | None]] = []
-        option_params = [name for name, t, _ in sig.params if isinstance(t, OptionT)]
         for (name, t, _), is_present in zip(sig.params, presence or (True,) * len(sig.params)):
             scope.names[name] = name
             if isinstance(t, OptionT):
@@ -152,7 +151,6 @@ class Lowerer:
                 params.append((name, _concrete(t.inner, env) if is_present else None))
             else:
                 params.append((name, self._param_type(t, env)))
-        del option_params
         fn = ir.Function(fn_id, sig.name, sig.key, block_id, params, [], _concrete(sig.result, env),
                          sig.node.span, self._generics_for_comment(sig, env))
         self.functions[fn_id] = fn
