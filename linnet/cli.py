@@ -106,17 +106,21 @@ def cmd_check(args, parser) -> int:
 def cmd_build(args, parser) -> int:
     from pathlib import Path
 
-    from .backends import pytorch
-    from .compiler import compile_target, locate
-    from .lower import lower
+    from .backends import integration
+    from .compiler import locate
+    from .nest import prepare
 
     target = locate(args.path)
     if target.kind != "entry":
         parser.error("build needs a zoo entry (a folder with nest.toml, or its name)")
-    compiled = compile_target(target, _parse_set(args.set or [], parser))
-    program = lower(compiled.instance)
-    path = pytorch.write(program, Path(args.output))
-    print(f"wrote {path}")
+    module = integration(args.backend)
+    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, revision=args.revision,
+                     need_weights=getattr(module, "BUILD_NEEDS_WEIGHTS", False),
+                     overrides=_parse_set(args.set or [], parser))
+    started = time.perf_counter()
+    for path in module.build(ctx, Path(args.output)):
+        print(f"wrote {path}")
+    print(f"built {ctx.name} for {args.backend} in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
 
 
@@ -130,6 +134,8 @@ def cmd_quickstart(args, parser) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .backends import available
+
     parser = argparse.ArgumentParser(prog="linnet", description="Linnet: typed neural-network blocks and the Nest zoo")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="prove a zoo entry's, package's or file's shapes")
@@ -140,8 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
     build = sub.add_parser("build", help="write the generated source of a zoo entry for people to read")
     build.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")
-    build.add_argument("--backend", choices=("torch",), default="torch")
+    build.add_argument("--backend", choices=available(), default="torch")
     build.add_argument("-o", "--output", required=True, metavar="DIR")
+    build.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="the model's float dtype (default: the manifest's)")
+    build.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    build.add_argument("--revision", help="another revision of the weights repo")
     build.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a generic")
     build.set_defaults(handler=cmd_build)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")

@@ -1,0 +1,132 @@
+"""Backends: one emitter module and one integration module per target.
+
+A backend is plugged in here by name and nothing else in the tree changes.  Its
+integration module (`linnet.backends.<x>_runtime`) provides:
+
+* `OPTIONS` — the backend-specific keyword arguments `nest.load` accepts (e.g. `mode`);
+* `open_runtime(ctx: LoadContext, *, device=None, **options)` — returns an object with a
+  `backend` name and `run(entry, inputs: list[np.ndarray])`, the inputs already validated;
+* `build(ctx: LoadContext, out_dir: Path, **options) -> list[Path]` — what
+  `linnet build --backend <x>` writes.
+
+`LoadContext` carries the compiled and lowered program and reads the checkpoint lazily,
+so a backend that only writes source (torch, JAX) never touches the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__, ir
+from ..diagnostics import Diagnostic, LinnetError
+
+#: backend name -> integration module.
+BACKENDS: dict[str, str] = {
+    "torch": "linnet.backends.torch_runtime",
+    "jax": "linnet.backends.jax_runtime",
+    "stablehlo": "linnet.backends.stablehlo_runtime",
+    "onnx": "linnet.backends.onnx_runtime",
+}
+
+
+def available() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def integration(backend: str):
+    """The backend's integration module; an unknown name is a user error (E0804)."""
+    if backend not in BACKENDS:
+        raise LinnetError(Diagnostic("E0804", f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"))
+    try:
+        return importlib.import_module(BACKENDS[backend])
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("linnet"):
+            raise
+        raise LinnetError(Diagnostic("E0808", f"backend {backend!r} needs the Python package `{exc.name}`, "
+                                     "which is not installed")) from None
+
+
+def check_options(backend: str, module, options: dict[str, Any]) -> dict[str, Any]:
+    """Drop options left at None; refuse ones this backend does not take (E0807)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    allowed = tuple(getattr(module, "OPTIONS", ()))
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+        raise LinnetError(Diagnostic("E0807", f"backend {backend!r} has no option {', '.join(unknown)}; {takes}"))
+    return given
+
+
+def cache_dir() -> Path:
+    """Where generated sources and exports are kept: $LINNET_CACHE, else ~/.cache/linnet."""
+    root = os.environ.get("LINNET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "linnet")
+    return Path(root)
+
+
+@dataclass
+class LoadContext:
+    """Everything a backend needs to build or run one instantiated zoo entry."""
+
+    name: str  # the zoo entry's name, for file names and titles
+    compiled: Any  # linnet.compiler.Compiled
+    program: ir.Program
+    dtype: str | None = None  # the float dtype asked for, None when the manifest's own
+    manifest: Any = None  # linnet.nest.manifest.Manifest
+    #: (framework, dtype) -> {param path: array}; set by whoever knows where the weights are.
+    tensor_loader: Callable[[str, str | None], dict[str, Any]] | None = None
+    _sources: dict[str, str] | None = field(default=None, repr=False)
+
+    def tensors(self, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:
+        """Every param by path (`encoder.layers.0.attn.q.weight`), verified against the bindings.
+
+        framework: "numpy", "pt" or "flax" (JAX arrays).  dtype: cast floats to it (default:
+        the dtype asked for at load time, else as declared).
+        """
+        if self.tensor_loader is None:
+            raise LinnetError(Diagnostic("E1012", f"{self.name}: this step needs the model's weights, and none "
+                                         "were given (the entry declares no [weights], or pass weights=)"))
+        return self.tensor_loader(framework, dtype if dtype is not None else self.dtype)
+
+    def output_name(self, entry: str) -> str:
+        """The name of an entry's result in exported graphs: nest.toml `[outputs]`, else the entry's."""
+        return self.manifest.output_name(entry) if self.manifest is not None else entry
+
+    @property
+    def sources(self) -> dict[str, str]:
+        if self._sources is None:
+            modules = self.compiled.checked.program.modules.values()
+            self._sources = {m.name: m.path.read_text(encoding="utf-8") for m in modules}
+        return self._sources
+
+    def cache_key(self, backend: str, options: dict | None = None) -> str:
+        """A digest of everything the generated artifact depends on."""
+        digest = hashlib.sha256()
+        for module in sorted(self.sources):
+            digest.update(module.encode() + b"\0" + self.sources[module].encode() + b"\0")
+        digest.update(repr(sorted(self.compiled.generics.items())).encode())
+        digest.update(f"{backend}:{sorted((options or {}).items())}:{__version__}".encode())
+        return digest.hexdigest()[:24]
+
+    def cached(self, backend: str, suffix: str, write: Callable[[Path], None], options: dict | None = None) -> Path:
+        """`write(path)` once per cache key; later loads reuse the file.
+
+        The file is written under a temporary name and renamed, so a concurrent load never
+        reads half of it.  `suffix` may name a folder (e.g. "" with `write` making a dir).
+        """
+        path = cache_dir() / "generated" / backend / f"{self.name}-{self.cache_key(backend, options)}{suffix}"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+            write(tmp)
+            try:
+                os.replace(tmp, path)
+            except OSError:  # another process finished the same folder first
+                if not path.exists():
+                    raise
+                import shutil
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path

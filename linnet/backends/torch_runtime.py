@@ -14,11 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from .. import ir
+from . import LoadContext
 from ..diagnostics import Diagnostic, LinnetError
 from .pysource import py_name
 
 TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 MODES = ("eager", "compile", "cudagraphs")
+#: Keyword arguments of `nest.load` this backend takes.
+OPTIONS = ("mode",)
 
 
 def import_generated(path: Path, module_name: str):
@@ -87,3 +90,28 @@ class TorchRuntime:
         tensors = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in inputs]
         with torch.inference_mode():
             return self._entries[entry](*tensors)
+
+
+def generated_source(ctx: LoadContext) -> Path:
+    """The entry's PyTorch source, emitted once per cache key."""
+    from .pytorch import emit
+
+    title = f"{ctx.name}, PyTorch"
+    return ctx.cached("torch", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
+
+
+def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None) -> TorchRuntime:
+    if (mode or "eager") not in MODES:  # before reading any weights
+        raise LinnetError(Diagnostic("E0802", f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
+    _resolve_device(device)
+    source = generated_source(ctx)
+    runtime = TorchRuntime(ctx.program, source, f"linnet_generated_torch_{source.stem.replace('-', '_')}",
+                           ctx.tensors("pt"), device=device, mode=mode)
+    runtime.generated = source
+    return runtime
+
+
+def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
+    from .pytorch import write
+
+    return [write(ctx.program, out_dir)]

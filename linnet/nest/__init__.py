@@ -11,14 +11,13 @@ Nothing is read from the checkpoint until every binding has been verified.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__, ir
+from .. import ir
+from ..backends import LoadContext, available, cache_dir, check_options, integration
 from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
 from ..lower import lower
@@ -30,13 +29,7 @@ __all__ = ["load", "list_entries", "Model", "cache_dir"]
 
 log = logging.getLogger("linnet.nest")
 
-BACKENDS = ("torch",)
-
-
-def cache_dir() -> Path:
-    """Where generated sources are kept: $LINNET_CACHE, else ~/.cache/linnet."""
-    root = os.environ.get("LINNET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "linnet")
-    return Path(root)
+BACKENDS = available()
 
 
 def list_entries() -> list[Manifest]:
@@ -46,8 +39,8 @@ def list_entries() -> list[Manifest]:
 @dataclass
 class LoadInfo:
     files: list[Path]
-    report: BindingReport
-    generated: Path
+    report: BindingReport | None
+    generated: Path | None  # the backend's generated source or artifact, where it has one
     seconds: float
 
 
@@ -91,74 +84,74 @@ class Model:
                 f"entries={', '.join(self.signature(e) for e in self.entries)}>")
 
 
-def _float_generic(compiled_checked, manifest: Manifest) -> str | None:
-    block = compiled_checked.find_block(manifest.source.root)
+def _float_generic(checked, manifest: Manifest) -> str | None:
+    block = checked.find_block(manifest.source.root)
     return next((g.name for g in block.generics if g.kind == "Float"), None)
 
 
-def _cache_key(sources: dict[str, str], generics: dict, backend: str, options: dict) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(sources):
-        digest.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
-    digest.update(repr(sorted(generics.items())).encode())
-    digest.update(f"{backend}:{sorted(options.items())}:{__version__}".encode())
-    return digest.hexdigest()[:24]
+def _dtype_overrides(target: Target, manifest: Manifest, dtype: str | None) -> dict[str, str]:
+    if dtype is None:
+        return {}
+    from ..check import check
+    from ..compiler import load_program
+
+    float_generic = _float_generic(check(load_program(target)), manifest)
+    if float_generic is None:
+        raise LinnetError(Diagnostic("E0806", f"{manifest.name} has no Float generic to set dtype={dtype!r} on"))
+    return {float_generic: dtype}
 
 
-def _generated_source(compiled, program: ir.Program, backend: str, options: dict) -> tuple[Path, str]:
-    """Emit (or reuse from the cache) the backend's source for this program."""
-    sources = {m.name: m.path.read_text(encoding="utf-8") for m in compiled.checked.program.modules.values()}
-    key = _cache_key(sources, compiled.generics, backend, options)
-    path = cache_dir() / "generated" / backend / f"{compiled.target.manifest.name}-{key}.py"
-    if not path.is_file():
-        from ..backends.pytorch import emit
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(emit(program, title=f"{compiled.target.manifest.name}, PyTorch"), encoding="utf-8")
-        tmp.replace(path)  # atomic: a concurrent load never imports half a file
-    return path, f"linnet_generated_{backend}_{key}"
-
-
-def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
-         revision: str | None = None, weights: str | Path | None = None, mode: str | None = None) -> Model:
-    """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
-
-    backend: "torch".  device: e.g. "cpu", "cuda".  dtype: the model's float dtype ("f32"
-    default; "bf16"/"f16" on GPU).  revision: another revision of the weights repo.
-    weights: a local .safetensors file or folder instead of the manifest's checkpoint.
-    mode (torch): "eager" (default), "compile" (torch.compile) or "cudagraphs".
+def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str | None = None,
+            weights: str | Path | None = None, need_weights: bool = True,
+            overrides: dict[str, int | str] | None = None) -> tuple[LoadContext, LoadInfo]:
+    """Compile a zoo entry and verify its checkpoint's bindings (headers only): what every
+    backend's load and build start from.  Tensors are read later, by the backend, on demand.
     """
     started = time.perf_counter()
-    if backend not in BACKENDS:
-        raise LinnetError(Diagnostic("E0804", f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"))
     manifest = load_manifest(name_or_path)
-    if manifest.weights is None:
+    if manifest.weights is None and need_weights:
         raise LinnetError(Diagnostic("E0805", f"{manifest.name} declares no [weights] in nest.toml, so there is "
                                      "no bindings.json to bind a checkpoint with"))
     target = Target("entry", manifest.dir, manifest)
-    overrides = {}
-    if dtype is not None:
-        from ..compiler import load_program
-        from ..check import check
-
-        float_generic = _float_generic(check(load_program(target)), manifest)
-        if float_generic is None:
-            raise LinnetError(Diagnostic("E0806", f"{manifest.name} has no Float generic to set dtype={dtype!r} on"))
-        overrides[float_generic] = dtype
-    compiled = compile_target(target, overrides)
+    if overrides:
+        compiled = compile_target(target, {**overrides, **_dtype_overrides(target, manifest, dtype)})
+    else:
+        compiled = compile_target(target, _dtype_overrides(target, manifest, dtype), override_source="dtype=")
     program = lower(compiled.instance)
-    params = compiled.instance.params
-    files = checkpoint_files(manifest, revision=revision, weights=weights)
-    index = read_index(files)
-    bindings = load_bindings(manifest.weights.bindings)
-    report = verify_bindings(params, bindings, index, bindings_file=str(manifest.weights.bindings),
-                             cast_floats=dtype is not None)
-    source_path, module_name = _generated_source(compiled, program, backend, {})
-    tensors = load_tensors(params, bindings, index, framework="pt", dtype=dtype)
-    from ..backends.torch_runtime import TorchRuntime
+    ctx = LoadContext(manifest.name, compiled, program, dtype, manifest)
+    info = LoadInfo([], None, None, 0.0)
+    if need_weights:
+        params = compiled.instance.params
+        files = checkpoint_files(manifest, revision=revision, weights=weights)
+        index = read_index(files)
+        bindings = load_bindings(manifest.weights.bindings)
+        info.files = files
+        info.report = verify_bindings(params, bindings, index, bindings_file=str(manifest.weights.bindings),
+                                      cast_floats=dtype is not None)
+        ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,
+                                                                 dtype=cast)
+    info.seconds = time.perf_counter() - started
+    return ctx, info
 
-    runtime = TorchRuntime(program, source_path, module_name, tensors, device=device, mode=mode)
-    info = LoadInfo(files, report, source_path, time.perf_counter() - started)
+
+def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
+         revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
+         providers: list | None = None) -> Model:
+    """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
+
+    backend: "torch", "jax", "stablehlo" or "onnx".  device: e.g. "cpu", "cuda".
+    dtype: the model's float dtype ("f32" default; "bf16"/"f16" on GPU).  revision: another
+    revision of the weights repo.  weights: a local .safetensors file or folder instead of
+    the manifest's checkpoint.  mode (torch): "eager" (default), "compile" or "cudagraphs".
+    providers (onnx): ONNX Runtime execution providers, default the best available.
+    """
+    started = time.perf_counter()
+    module = integration(backend)
+    options = check_options(backend, module, {"mode": mode, "providers": providers})
+    manifest = load_manifest(name_or_path)
+    ctx, info = prepare(manifest.dir, dtype=dtype, revision=revision, weights=weights)
+    runtime = module.open_runtime(ctx, device=device, **options)
+    info.generated = getattr(runtime, "generated", None)
+    info.seconds = time.perf_counter() - started
     log.info("loaded %s (%s) in %.2f s", manifest.name, backend, info.seconds)
-    return Model(manifest, program, runtime, info)
+    return Model(manifest, ctx.program, runtime, info)

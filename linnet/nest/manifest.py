@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Callable
 
@@ -108,6 +108,12 @@ class Manifest:
     check: dict[str, int]
     weights: WeightsSpec | None
     package: PackageSpec
+    #: `[outputs]`: entry name -> the name its result has in exported graphs (ONNX, Triton);
+    #: an entry not listed keeps its own name.
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def output_name(self, entry: str) -> str:
+        return self.outputs.get(entry, entry)
 
     def source_manifest(self) -> "Manifest":
         """The entry that owns the Linnet source: this one, or the one `[source].zoo` reuses."""
@@ -212,19 +218,20 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
 
 
 def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
-    root = nest.root(allowed=("model", "links", "source", "generics", "check", "weights"))
+    root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights"))
     model = root.table("model", required=True)
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
     tags = tuple(model.take("tags", _STR_LIST, required=False) or ())
     model.finish()
     links = root.table("links", required=False).map("a string", _is_str)
+    outputs = root.table("outputs", required=False).map("an identifier (the output's name)", _is_identifier)
     source = _read_source(entry_dir, root.table("source", required=True))
     generics = _read_generics(root.table("generics", required=False))
     check = root.table("check", required=False).map("an integer", _is_int)
     weights = _read_weights(entry_dir, root.table("weights", required=False))
     if nest.problems or source is None or package is None:
         return None
-    return Manifest(dir=entry_dir, tags=tags, links=links, source=source, generics=generics,
+    return Manifest(dir=entry_dir, tags=tags, links=links, outputs=outputs, source=source, generics=generics,
                     check=check, weights=weights, package=package, **fields)
 
 
@@ -323,6 +330,10 @@ def _read_package(linnet: "_TomlFile") -> PackageSpec | None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # TOML `true` is not a 1
+
+
+def _is_identifier(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier() and value.isascii()
 
 
 def _is_str(value: Any) -> bool:
