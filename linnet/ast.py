@@ -54,6 +54,15 @@ class Constraint:
     span: Span
 
 
+@dataclass(eq=False)
+class BroadcastConstraint:
+    """`where [*M] broadcasts to [*Lead, Q, K]`: a shape numpy-broadcasts to another."""
+
+    left: list  # DimNode | Variadic
+    right: list
+    span: Span
+
+
 # --------------------------------------------------------------------------- types
 
 
@@ -262,6 +271,7 @@ class Param:
     name: str
     type: TypeNode
     span: Span
+    default: str | None = None  # `= zeros` / `= ones` on an entry's tensor parameter
 
 
 @dataclass(eq=False)
@@ -272,7 +282,7 @@ class Function:
     generics: list[GenericParam]
     params: list[Param]
     result: TypeNode | None
-    where: list[Constraint]
+    where: list  # Constraint | BroadcastConstraint
     body: list[Stmt]
     span: Span
     name_span: Span

@@ -23,8 +23,8 @@ from .prims import PRIMS, PrimCall
 from .resolve import ModuleInfo, Program
 from .types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, DimT, DTypeVar,
                     ErrorT, ListT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type, Variadic,
-                    dims_only, dtype_kind_ok, format_binding, is_float, scalar, substitute, substitute_dims,
-                    substitute_dtype)
+                    WEAK_INT, dims_only, dtype_kind_ok, format_binding, is_float, scalar, substitute,
+                    substitute_dims, substitute_dtype, weak_fits)
 
 
 class _Failure(Exception):
@@ -82,6 +82,29 @@ class WhereClause:
 
 
 @dataclass
+class BroadcastClause:
+    """`where [*M] broadcasts to [*Lead, Q, K]`: `left` numpy-broadcasts to exactly `right`."""
+
+    left: tuple
+    right: tuple
+    span: Span
+
+    def substitute(self, env) -> "BroadcastClause":
+        return BroadcastClause(substitute_dims(self.left, env), substitute_dims(self.right, env), self.span)
+
+    def __str__(self) -> str:
+        return f"[{', '.join(map(_shape_item, self.left))}] broadcasts to [{', '.join(map(_shape_item, self.right))}]"
+
+
+def _shape_item(d) -> str:
+    return f"*{d.name}" if isinstance(d, Variadic) else str(d)
+
+
+#: Fill values an entry parameter may default to (`attention_mask: Tensor[B, S; i32] = ones`).
+PARAM_DEFAULTS = {"zeros": 0, "ones": 1}
+
+
+@dataclass
 class FnSig:
     key: str  # `module::fn` or `module::Block.fn`
     name: str
@@ -92,8 +115,10 @@ class FnSig:
     scope: dict[str, GenericInfo]  # the block's generics and the function's own
     params: list[tuple[str, Type, Span]] = field(default_factory=list)
     result: Type = field(default_factory=ErrorT)
-    where: list[WhereClause] = field(default_factory=list)
+    where: list[WhereClause | BroadcastClause] = field(default_factory=list)
     facts: Facts = field(default_factory=Facts)
+    #: Entry parameters the caller may leave out, and the value they are filled with.
+    defaults: dict[str, int] = field(default_factory=dict)
     checked: bool = False  # the signature checked, so the body can be
 
     @property
@@ -339,6 +364,9 @@ class Checker:
             if not self._guard(self._collect_method, block, fn_node) and fn_node.name not in block.functions:
                 self._broken.add(f"{block.key}.{fn_node.name}")
         block.where = [self._where(c, block.scope) for c in node.where]
+        for clause in _broadcasts_of(block.where):
+            _fail("E0213", f"`{clause}` on block `{block.name}`: a `broadcasts to` clause belongs on the "
+                  "function whose parameters it describes", clause.span)
         block.facts = _facts_of(block.where)
 
     def _collect_method(self, block: BlockSig, node: ast.Function) -> None:
@@ -422,12 +450,26 @@ class Checker:
                 _fail("E0105", f"parameter `{p.name}` is declared twice", p.span, Note("first here", seen[p.name]))
             seen[p.name] = p.span
             fn.params.append((p.name, self._type(p.type, fn.scope), p.span))
+            if p.default is not None:
+                fn.defaults[p.name] = self._param_default(fn, p, fn.params[-1][1])
         if node.result is None:
             _fail("E0209", f"function `{fn.name}` must declare its result type with `-> ...`", node.name_span)
         fn.result = self._type(node.result, fn.scope)
         if fn.is_entry:
             self._check_entry_signature(fn)
         fn.checked = True
+
+    def _param_default(self, fn: FnSig, p: ast.Param, t: Type) -> int:
+        """`= zeros` / `= ones`: only on entries (what Python callers may omit), only on tensors."""
+        if p.default not in PARAM_DEFAULTS:
+            _fail("E0212", f"unknown default `{p.default}` for parameter `{p.name}`", p.span,
+                  Note("a parameter may default to `zeros` or `ones` (a tensor of its type filled with 0 or 1)"))
+        if not fn.is_entry:
+            _fail("E0212", f"parameter `{p.name}` of `{fn.name}` has a default, but only entry parameters may",
+                  p.span, Note("calls inside Linnet pass every argument; defaults are for the model's users"))
+        if not isinstance(t, TensorT):
+            _fail("E0212", f"parameter `{p.name}`: `= {p.default}` needs a tensor type, found {t}", p.span)
+        return PARAM_DEFAULTS[p.default]
 
     def _check_entry_signature(self, fn: FnSig) -> None:
         """Entries are what users call: inputs of fixed rank whose dims name every free dim."""
@@ -439,16 +481,19 @@ class Checker:
         for name, t, span in fn.params:
             if not isinstance(t, TensorT) or t.rank is None:
                 _fail("E0210", f"entry parameter `{name}` must be a tensor of fixed rank, found {t}", span)
+            if name in fn.defaults:
+                continue  # a left-out input cannot tell its dims
             readable |= {symbol_name(d) for d in t.dims if isinstance(d, DimExpr) and symbol_name(d)}
         for g in fn.generics:
             if g.name not in readable:
                 _fail("E0210", f"entry `{fn.name}`: dim `{g.name}` must be the whole of some input axis "
-                      "so it can be read from the inputs", g.span)
+                      "without a default, so it can be read from the inputs", g.span)
 
     # ------------------------------------------------------------------ bodies
     def _check_body(self, fn: FnSig) -> None:
         ctx = _FnContext(fn, fn.facts, [{}])
         self.facts = fn.facts
+        self.broadcast_facts = _broadcasts_of((fn.block.where if fn.block else []) + fn.where)
         for name, t, span in fn.params:
             ctx.bind(name, _Local(t, False, span, "param"))
         returned = self._check_stmts(fn.node.body, ctx)
@@ -670,7 +715,7 @@ class Checker:
         if isinstance(t, TensorT):
             return t
         if isinstance(t, DimT) and t.expr.as_int() is not None:
-            return scalar("f32", weak=True)
+            return scalar(WEAK_INT, weak=True)  # an integer literal: takes the other side's dtype
         if isinstance(t, DimT):
             _fail("E0336", f"the dim `{t.expr}` is not a tensor; use cast<T>({t.expr}) to use it in `{op}`", span)
         _fail("E0320", f"`{op}` needs tensors, found {t}", span)
@@ -683,13 +728,18 @@ class Checker:
     def _join_dtypes(self, a: TensorT, b: TensorT, span: Span):
         if a.dtype == b.dtype:
             return a.dtype
-        if a.weak and is_float(b.dtype):
+        if a.weak and weak_fits(a.dtype, b.dtype):
             return b.dtype
-        if b.weak and is_float(a.dtype):
+        if b.weak and weak_fits(b.dtype, a.dtype):
             return a.dtype
         _fail("E0330", f"dtype mismatch: {a} and {b}", span, Note("convert one side with cast<T>(...)"))
 
     def _broadcast_dims(self, a: TensorT, b: TensorT, span: Span) -> tuple:
+        for clause in self.broadcast_facts:  # `where [*M] broadcasts to [...]` in scope
+            if self._same_shape(a.dims, clause.left) and self._same_shape(b.dims, clause.right):
+                return b.dims
+            if self._same_shape(b.dims, clause.left) and self._same_shape(a.dims, clause.right):
+                return a.dims
         xs, ys = list(a.dims), list(b.dims)
         out = []
         while xs and ys:
@@ -714,8 +764,14 @@ class Checker:
         _fail("E0321", f"shape mismatch: cannot broadcast {a} with {b} (dim {x} vs {y})", span,
               Note("shapes broadcast from the right; each pair of dims must be equal or 1"))
 
+    def _same_shape(self, xs: tuple, ys: tuple, facts: Facts | None = None) -> bool:
+        facts = facts or self.facts
+        return len(xs) == len(ys) and all(
+            x == y or (isinstance(x, DimExpr) and isinstance(y, DimExpr) and facts.equal(x, y)) for x, y in zip(xs, ys))
+
     # facts of the function being checked, for broadcasting and prims
     facts: Facts = Facts()
+    broadcast_facts: list = []
 
     def _check_index_expr(self, node: ast.Index, ctx: _FnContext) -> Type:
         target = self._expr(node.target, ctx)
@@ -833,7 +889,7 @@ class Checker:
         if any(isinstance(t, ErrorT) for t in arg_types):
             return ErrorT()
         self._infer(callee, env, arg_types, node.args, ctx)
-        self._fill_defaults(callee, env, node)
+        self._fill_defaults(callee, env, node, arg_types)
         try:
             for (name, param_t, _), arg_t, arg in zip(callee.params, arg_types, node.args):
                 self._expect_arg(substitute(param_t, env), arg_t, ctx, arg.span, callee, name)
@@ -847,10 +903,11 @@ class Checker:
         self.calls[id(node)] = CallInfo(info.kind, info.target, tuple(env.items()), info.receiver)
         return result
 
-    def _fill_defaults(self, callee: FnSig, env: dict, node) -> None:
+    def _fill_defaults(self, callee: FnSig, env: dict, node, arg_types=()) -> None:
+        absent_only = _generics_of_absent_options(callee, arg_types)
         for g in callee.generics:
-            if g.name in env:
-                continue
+            if g.name in env or (g.default is None and g.name in absent_only):
+                continue  # only an Option passed `none` mentions it: there is nothing to infer from
             if g.default is None:
                 _fail("E0304", f"cannot infer generic `{g.name}` of `{callee.name}`; pass it explicitly, "
                       f"e.g. {callee.name}<{', '.join(x.name for x in callee.generics)}>(...)", node.span,
@@ -988,7 +1045,7 @@ class Checker:
         if isinstance(expected, ErrorT) or isinstance(actual, ErrorT):
             return None
         if isinstance(expected, TensorT) and isinstance(actual, TensorT):
-            if expected.dtype != actual.dtype and not (actual.weak and is_float(expected.dtype)):
+            if expected.dtype != actual.dtype and not (actual.weak and weak_fits(actual.dtype, expected.dtype)):
                 return f"dtype {actual.dtype} is not {expected.dtype}"
             if actual.weak and not actual.dims:
                 return None if not expected.dims else f"a scalar is not {expected}"
@@ -1018,6 +1075,9 @@ class Checker:
     def _discharge(self, clauses: list[WhereClause], env, facts: Facts, span: Span, what: str) -> None:
         """Prove a callee's `where` clauses, bound by `env`, from the caller's facts."""
         for clause in clauses:
+            if isinstance(clause, BroadcastClause):
+                self._discharge_broadcast(clause, env, facts, span, what)
+                continue
             values = _describe_bindings(clause, env)
             try:
                 bound = clause.substitute(env)
@@ -1034,7 +1094,44 @@ class Checker:
                   Note(f"required by this where clause{values}", clause.span),
                   Note("add it (or something that implies it) to the caller's `where` clauses"))
 
+    def _discharge_broadcast(self, clause: BroadcastClause, env, facts: Facts, span: Span, what: str) -> None:
+        """Prove that the bound left shape broadcasts to exactly the bound right shape."""
+        left, right = substitute_dims(clause.left, env), substitute_dims(clause.right, env)
+        unbound = {d.name for d in clause.left + clause.right if isinstance(d, Variadic)} - set(env)
+        if unbound:  # only an absent Option argument leaves a shape unbound: nothing to broadcast
+            return
+        shown = f"[{', '.join(map(_shape_item, left))}] broadcasts to [{', '.join(map(_shape_item, right))}]"
+        for known in self.broadcast_facts:  # the caller's own clause, passed on
+            if self._same_shape(left, known.left, facts) and self._same_shape(right, known.right, facts):
+                return
+        if self._same_shape(left, right, facts):
+            return
+        note = Note(f"required by this where clause (`{clause}`)", clause.span)
+        if any(isinstance(d, Variadic) for d in left + right) or len(left) > len(right):
+            code = "E0401" if len(left) > len(right) and not any(isinstance(d, Variadic) for d in left) else "E0402"
+            verdict = "is violated" if code == "E0401" else "cannot be proven"
+            _fail(code, f"{what}: `{shown}` {verdict}", span, note,
+                  Note("shapes broadcast from the right: each dim of the left shape must equal the right's or be 1"))
+        for x, y in zip(reversed(left), reversed(right)):
+            if x.as_int() == 1 or facts.equal(x, y):
+                continue
+            if facts.decide(x, "==", y) is False:
+                _fail("E0401", f"{what}: `{shown}` is violated: dim {x} is neither 1 nor {y}", span, note)
+            _fail("E0402", f"{what}: cannot prove `{shown}`: dim {x} vs {y}", span, note,
+                  Note("add it (or something that implies it) to the caller's `where` clauses"))
+
     # -------------------------------------------------------------------- types
+    def _shape(self, items: list, scope) -> tuple:
+        dims = tuple(Variadic(self._variadic_generic(d, scope)) if isinstance(d, ast.Variadic)
+                     else self._dim(d, scope) for d in items)
+        return dims
+
+    def _variadic_generic(self, d: ast.Variadic, scope) -> str:
+        g = scope.get(d.name)
+        if g is None or g.kind != SHAPE_KIND:
+            _fail("E0205", f"`*{d.name}` needs a generic `*{d.name}: Shape`", d.span)
+        return d.name
+
     def _type(self, node: ast.TypeNode, scope) -> Type:
         if isinstance(node, ast.OptionTypeNode):
             return OptionT(self._type(node.inner, scope))
@@ -1085,7 +1182,12 @@ class Checker:
         except DimError as exc:
             _fail("E0335", f"invalid dim expression: {exc}", node.span)
 
-    def _where(self, node: ast.Constraint, scope) -> WhereClause:
+    def _where(self, node, scope) -> WhereClause | BroadcastClause:
+        if isinstance(node, ast.BroadcastConstraint):
+            left, right = self._shape(node.left, scope), self._shape(node.right, scope)
+            if sum(isinstance(d, Variadic) for d in left) > 1 or sum(isinstance(d, Variadic) for d in right) > 1:
+                _fail("E0205", "a shape may hold at most one `*Shape`", node.span)
+            return BroadcastClause(left, right, node.span)
         return WhereClause(self._dim(node.left, scope), node.op, self._dim(node.right, scope), node.span)
 
     def _lookup_item(self, module: ModuleInfo, name: str, span: Span):
@@ -1139,11 +1241,38 @@ def _numel(dims) -> DimExpr:
     return total
 
 
-def _facts_of(clauses: list[WhereClause]) -> Facts:
+def _facts_of(clauses: list) -> Facts:
     facts = Facts()
     for c in clauses:
-        facts = facts.with_fact(c.left, c.op, c.right)
+        if isinstance(c, WhereClause):
+            facts = facts.with_fact(c.left, c.op, c.right)
     return facts
+
+
+def _type_generics(t) -> set[str]:
+    """Names of the generics a type mentions (dims, `*Shape`s, dtype variables)."""
+    if isinstance(t, OptionT):
+        return _type_generics(t.inner)
+    names: set[str] = set()
+    if isinstance(t, TensorT):
+        for d in t.dims:
+            names |= {d.name} if isinstance(d, Variadic) else set(d.free_symbols())
+        if isinstance(t.dtype, DTypeVar):
+            names.add(t.dtype.name)
+    return names
+
+
+def _generics_of_absent_options(callee: FnSig, arg_types) -> set[str]:
+    """Generics mentioned only by Option parameters whose argument is `none`."""
+    absent, present = set(), _type_generics(callee.result)
+    for (name, param_t, _), arg_t in zip(callee.params, arg_types):
+        (absent if isinstance(param_t, OptionT) and isinstance(arg_t, NoneT) else present).update(
+            _type_generics(param_t))
+    return absent - present
+
+
+def _broadcasts_of(clauses: list) -> list[BroadcastClause]:
+    return [c for c in clauses if isinstance(c, BroadcastClause)]
 
 
 def _divisibility_hints(*exprs: DimExpr) -> list[str]:

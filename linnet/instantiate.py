@@ -44,6 +44,9 @@ class Precondition:
         return str(self.bound)
 
 
+_DEFAULT_NAMES = {0: "zeros", 1: "ones"}
+
+
 @dataclass
 class EntrySignature:
     name: str
@@ -54,7 +57,8 @@ class EntrySignature:
     preconditions: list[Precondition]
 
     def __str__(self) -> str:
-        params = ", ".join(f"{n}: {t}" for n, t in self.params)
+        params = ", ".join(f"{n}: {t}" + (f" = {_DEFAULT_NAMES[self.fn.defaults[n]]}" if n in self.fn.defaults else "")
+                           for n, t in self.params)
         text = f"{self.name}<{', '.join(self.dims)}>({params}) -> {self.result}"
         if self.preconditions:
             text += " where " + ", ".join(str(p) for p in self.preconditions)
@@ -64,6 +68,8 @@ class EntrySignature:
         """Where each free dim can be read at run time: (input name, axis)."""
         sources: dict[str, tuple[str, int]] = {}
         for name, t in self.params:
+            if name in self.fn.defaults:
+                continue  # may be left out, so it cannot be where a dim is read
             for axis, d in enumerate(t.dims):
                 for dim in self.dims:
                     if dim not in sources and d == sym(dim):
@@ -266,6 +272,8 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
 def _check_clauses(block: BlockSig, env, errors: list[Diagnostic], origins=None) -> None:
     origins = origins or {}
     for clause in block.where:
+        if not isinstance(clause, WhereClause):
+            continue  # `broadcasts to` clauses are refused on blocks by the checker
         names = sorted(clause.left.free_symbols() | clause.right.free_symbols())
         notes = _origin_notes(names, env, origins) or (
             Note("the values come from the manifest's [generics] or --set"),)
@@ -364,7 +372,7 @@ def _substitute_binding(value: Binding, env) -> Binding:
 def _entry_signature(fn: FnSig, env) -> EntrySignature:
     params = [(name, substitute(t, env)) for name, t, _ in fn.params]
     own = {g.name for g in fn.generics}
-    preconditions = [Precondition(c, c.substitute(env)) for c in fn.where]
+    preconditions = [Precondition(c, c.substitute(env)) for c in fn.where if isinstance(c, WhereClause)]
     # A clause that the block's generics alone make true says nothing about the inputs.
     preconditions = [p for p in preconditions if _evaluate(p.bound, {}) is not True]
     return EntrySignature(fn.name, fn, [g.name for g in fn.generics], params, substitute(fn.result, env),

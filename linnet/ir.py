@@ -192,6 +192,9 @@ class Entry:
     result: TensorType
     preconditions: list[tuple[DimExpr, str, DimExpr, Span]]  # e.g. (S, "<=", 512)
     dim_sources: dict[str, tuple[str, int]]
+    #: Inputs the caller may leave out (`= zeros` / `= ones`) and their fill value.  Every
+    #: backend's function takes every input; the Python API fills the left-out ones.
+    defaults: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -92,7 +92,7 @@ class Lowerer:
                 name, fn_id, list(sig.dims), [(n, ir.TensorType(tuple(t.dims), t.dtype)) for n, t in sig.params],
                 _concrete(sig.result, {}),
                 [(p.bound.left, p.bound.op, p.bound.right, p.clause.span) for p in sig.preconditions],
-                sig.dim_sources())
+                sig.dim_sources(), dict(sig.fn.defaults))
             fn.dim_sources = {**sig.dim_sources(), **fn.dim_sources}
         program = ir.Program(root_id, self.blocks, self.functions, entries)
         ir.verify(program)
@@ -361,14 +361,23 @@ class Lowerer:
                     scope.used_dims |= set(d.free_symbols())
                 return ir.Op("reshape", (x,), result, node.span.line, (("shape", items.items),))
             return ir.Op("permute", (x,), result, node.span.line, (("perm", tuple(d.as_int() for d in items.items)),))
-        if name in ("sum", "mean", "max", "softmax"):
+        if name in ("sum", "mean", "max", "softmax", "cumsum"):
             x = self._expr(node.args[0], scope)
             axis = self._static(node.args[1], scope).as_int() if len(node.args) > 1 else -1
             return ir.Op(name, (x,), result, node.span.line, (("axis", axis),))
-        args = tuple(self._as_operand(self._expr(a, scope), result.dtype) for a in node.args)
+        args = tuple(self._expr(a, scope) for a in node.args)
+        # Literals take the dtype they meet: the result's, except in a comparison (whose
+        # result is bool) where they take the tensor operand's.
+        operand = next((a.type.dtype for a in args if name in _COMPARISONS and isinstance(a, (ir.Op, ir.Call, ir.Ref,
+                                                                                            ir.ParamRef))),
+                       result.dtype)
+        args = tuple(self._as_operand(a, operand) for a in args)
         if name in _FOLDABLE and isinstance(args[0], ir.Scalar):
             return ir.Scalar(_FOLDABLE[name](args[0].value), result)
         return ir.Op(name, args, result, node.span.line)
+
+
+_COMPARISONS = ("less", "greater", "equal")
 
 
 def _fold_arith(op: str, a: float, b: float) -> float:

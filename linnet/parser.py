@@ -303,8 +303,8 @@ class _ToAst(Transformer):
         return ("params", list(children))
 
     def fn_param(self, meta, children):
-        name, type_ = children
-        return ast.Param(str(name), type_, self._s(meta))
+        name, type_, *default = children
+        return ast.Param(str(name), type_, self._s(meta), str(default[0]) if default else None)
 
     def generic_params(self, meta, children):
         return ("generics", list(children))
@@ -323,6 +323,13 @@ class _ToAst(Transformer):
     def constraint(self, meta, children):
         left, op, right = children
         return ast.Constraint(left, op, right, self._s(meta))
+
+    def broadcast_constraint(self, meta, children):
+        left, right = children
+        return ast.BroadcastConstraint(left, right, self._s(meta))
+
+    def shape(self, meta, children):
+        return children[0] if children else []
 
     def cmp(self, meta, children):
         return str(children[0])

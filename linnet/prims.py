@@ -12,8 +12,8 @@ from typing import Callable, NoReturn, Protocol
 
 from .diagnostics import Span
 from .dims import DimExpr, const
-from .types import (DimT, DType, ErrorT, ListT, TensorT, Type, Variadic, dtype_kind_ok, is_float, is_int,
-                    scalar)
+from .types import (WEAK_INT, DimT, DType, ErrorT, ListT, TensorT, Type, Variadic, dtype_kind_ok, is_float,
+                    is_int, scalar)
 
 
 class PrimContext(Protocol):
@@ -43,13 +43,15 @@ class PrimCall:
     def tensor(self, i: int, what: str = "a tensor") -> TensorT:
         t = self.args[i]
         if isinstance(t, DimT) and t.expr.as_int() is not None:
-            return scalar("f32", weak=True)  # an integer literal meets a float op
+            return scalar(WEAK_INT, weak=True)  # an integer literal takes the other operand's dtype
         if not isinstance(t, TensorT):
             self.fail(f"argument {i + 1} of `{self.name}` must be {what}, found {t}", i)
         return t
 
     def float_tensor(self, i: int) -> TensorT:
         t = self.tensor(i, "a float tensor")
+        if t.weak and not t.dims:
+            return scalar("f32", weak=True)  # `rsqrt(2)`: a literal is as good as a float
         if not is_float(t.dtype):
             self.fail(f"`{self.name}` needs a float tensor, found dtype {t.dtype}", i, code="E0330")
         return t
@@ -216,7 +218,15 @@ def _select(call: PrimCall) -> Type:
     if cond.dtype != "bool":
         call.fail(f"the condition of `select` must be a bool tensor, found {cond.dtype}", 0, code="E0330")
     value = call.ctx.broadcast(a, b, call.span)
-    return TensorT(call.ctx.broadcast(cond, value, call.span).dims, value.dtype)
+    # Only the condition's shape joins the values'; its dtype is bool whatever theirs is.
+    shape = call.ctx.broadcast(TensorT(cond.dims, value.dtype, value.weak), value, call.span)
+    return TensorT(shape.dims, value.dtype, value.weak)
+
+
+def _cumsum(call: PrimCall) -> Type:
+    t = call.tensor(0)
+    _axis(call, t, 1)
+    return TensorT(t.dims, t.dtype)
 
 
 PRIMS: dict[str, Prim] = {p.name: p for p in [
@@ -236,6 +246,8 @@ PRIMS: dict[str, Prim] = {p.name: p for p in [
     Prim("softmax", (1, 2), 0, "softmax(x: Tensor[*S; T: Float], axis = -1) -> Tensor[*S; T]", _softmax),
     *(Prim(name, (2,), 0, f"{name}(x: Tensor[..., N, ...; T], axis) -> Tensor[..., 1, ...; T]  (keeps the axis)",
            _reduce) for name in ("sum", "mean", "max")),
+    Prim("cumsum", (2,), 0, "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
+         _cumsum),
     Prim("take", (2,), 0, "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take),
     Prim("reshape", (2,), 0, "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
          "(element count proven equal)", _reshape),

@@ -78,7 +78,8 @@ def index_bounds(program: ir.Program, entry: ir.Entry) -> dict[str, IndexBound]:
 
 
 def _signature_of(entry: ir.Entry) -> str:
-    params = ", ".join(f"{n}: {t}" for n, t in entry.inputs)
+    fills = {0: " = zeros", 1: " = ones"}
+    params = ", ".join(f"{n}: {t}{fills.get(entry.defaults.get(n), '')}" for n, t in entry.inputs)
     return f"{entry.name}({params}) -> {entry.result}"
 
 
@@ -113,17 +114,22 @@ class InputValidator:
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple[list[np.ndarray], dict[str, int]]:
         values = self._bind_arguments(args, kwargs)
-        arrays = [to_numpy(values[name], name, self.entry) for name, _ in self.entry.inputs]
+        given = [(name, t) for name, t in self.entry.inputs if values.get(name) is not None]
+        arrays = {name: to_numpy(values[name], name, self.entry) for name, _ in given}
         dims: dict[str, int] = {}
-        converted = []
-        for (name, t), array in zip(self.entry.inputs, arrays):
-            self._check_dtype(name, t, array)
-            self._bind_dims(name, t, array, dims)
+        for name, t in given:
+            self._check_dtype(name, t, arrays[name])
+            self._bind_dims(name, t, arrays[name], dims)
         self._check_nonempty(dims)
         self._check_preconditions(dims)
-        for (name, t), array in zip(self.entry.inputs, arrays):
-            self._check_bounds(name, array)
-            converted.append(np.ascontiguousarray(array.astype(NUMPY_DTYPES[t.dtype], copy=False)))
+        converted = []
+        for name, t in self.entry.inputs:
+            if name not in arrays:  # left out: filled as its `= zeros` / `= ones` default says
+                shape = tuple(d.evaluate(dims) for d in t.dims)
+                converted.append(np.full(shape, self.entry.defaults[name], dtype=NUMPY_DTYPES[t.dtype]))
+                continue
+            self._check_bounds(name, arrays[name])
+            converted.append(np.ascontiguousarray(arrays[name].astype(NUMPY_DTYPES[t.dtype], copy=False)))
         return converted, dims
 
     def _bind_arguments(self, args: tuple, kwargs: dict) -> dict:
@@ -137,7 +143,7 @@ class InputValidator:
             if key in values:
                 raise _input_error(self.entry, f"`{key}` given twice")
             values[key] = value
-        missing = [n for n in names if n not in values]
+        missing = [n for n in names if values.get(n) is None and n not in self.entry.defaults]
         if missing:
             raise _input_error(self.entry, f"`{self.entry.name}` is missing input {', '.join(f'`{m}`' for m in missing)}")
         return values

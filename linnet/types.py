@@ -50,6 +50,16 @@ def is_int(dtype: DType) -> bool:
     return dtype_kind_ok(dtype, "Int")
 
 
+#: The dtype of a weak scalar written as an integer literal (`1`, `0`); a float literal's is f32.
+WEAK_INT = "i64"
+
+
+def weak_fits(weak_dtype: DType, other: DType) -> bool:
+    """Whether a literal of `weak_dtype` may take the dtype `other`: any literal joins a
+    float tensor, and an integer literal joins an integer tensor too."""
+    return is_float(other) or (weak_dtype == WEAK_INT and is_int(other))
+
+
 @dataclass(frozen=True)
 class Variadic:
     """`*S`: a run of dims bound as a whole (`*S` := `[B, S]`)."""

@@ -71,7 +71,7 @@ def bert():
 def test_bert_checks_with_both_entries(bert):
     assert bert.target.kind == "entry"
     assert bert.instance.root.block.name == "Model"
-    assert list(bert.instance.entries) == ["forward", "pool"]
+    assert list(bert.instance.entries) == ["forward", "pool", "embed"]
     assert bert.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768, "Heads": 12,
                              "Inner": 3072, "Layers": 12, "T": "f32"}
     assert bert.check_dims == {"B": 1, "S": 8}
@@ -79,15 +79,16 @@ def test_bert_checks_with_both_entries(bert):
 
 def test_bert_entry_signatures(bert):
     entries = bert.instance.entries
-    assert str(entries["forward"]) == ("forward<B, S>(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32]) "
-                                       "-> Tensor[B, S, 768; f32] where S <= 512")
-    assert str(entries["pool"]) == ("pool<B, S>(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32]) "
-                                    "-> Tensor[B, 768; f32] where S <= 512")
+    inputs = ("(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32] = zeros, "
+              "attention_mask: Tensor[B, S; i32] = ones)")
+    assert str(entries["forward"]) == f"forward<B, S>{inputs} -> Tensor[B, S, 768; f32] where S <= 512"
+    assert str(entries["pool"]) == f"pool<B, S>{inputs} -> Tensor[B, 768; f32] where S <= 512"
+    assert str(entries["embed"]) == f"embed<B, S>{inputs} -> Tensor[B, 768; f32] where S <= 512"
     assert entries["forward"].dim_sources() == {"B": ("tokens", 0), "S": ("tokens", 1)}
 
 
 def test_bert_precondition_is_recorded_for_both_entries(bert):
-    for name in ("forward", "pool"):
+    for name in ("forward", "pool", "embed"):
         (pre,) = bert.instance.entries[name].preconditions
         assert str(pre) == "S <= 512"
         assert str(pre.clause) == "S <= MaxPositions"
@@ -121,7 +122,7 @@ def test_minilm_parameter_count():
 def test_bert_generic_signatures(bert):
     functions = bert.checked.functions
     assert functions["bert::LayerNorm.forward"].signature() == "forward<*S>(x: Tensor[*S, D; T]) -> Tensor[*S, D; T]"
-    assert functions["std.nn.attention::attention"].signature().startswith("attention<*Lead, Q, K, Dh, Dv, T>(")
+    assert functions["std.nn.attention::attention"].signature().startswith("attention<*Lead, *M, Q, K, Dh, Dv, T>(")
     assert functions["bert::Model.forward"].is_entry
     assert [str(w) for w in functions["bert::Model.forward"].where] == ["S <= MaxPositions"]
 

@@ -13,10 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BERT_SOURCE = REPO / "nest" / "bert-base-uncased" / "src" / "lib.linnet"
 
-FORWARD = ("entry forward<B, S>(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32]) "
-           "-> Tensor[B, S, 768; f32] where S <= 512")
-POOL = ("entry pool<B, S>(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32]) "
-        "-> Tensor[B, 768; f32] where S <= 512")
+INPUTS = ("(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32] = zeros, "
+          "attention_mask: Tensor[B, S; i32] = ones)")
+FORWARD = f"entry forward<B, S>{INPUTS} -> Tensor[B, S, 768; f32] where S <= 512"
+POOL = f"entry pool<B, S>{INPUTS} -> Tensor[B, 768; f32] where S <= 512"
 
 
 def linnet(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -51,8 +51,8 @@ def test_check_bert_succeeds_with_signatures_and_parameter_count():
     assert FORWARD in result.stdout
     assert POOL in result.stdout
     assert "params: 109,482,240 in 199 tensors" in result.stdout
-    assert "at B=1, S=8: (tokens: Tensor[1, 8; i32], token_types: Tensor[1, 8; i32]) -> Tensor[1, 8, 768; f32]" \
-        in result.stdout
+    assert ("at B=1, S=8: (tokens: Tensor[1, 8; i32], token_types: Tensor[1, 8; i32], "
+            "attention_mask: Tensor[1, 8; i32]) -> Tensor[1, 8, 768; f32]") in result.stdout
     assert result.stderr == ""
 
 
@@ -66,12 +66,13 @@ def test_sequence_too_long_names_the_precondition():
     result = linnet("check", "nest/bert-base-uncased", "--set", "S=600")
     assert result.returncode == 1
     assert_no_traceback(result)
-    assert f"lib.linnet:{entry_precondition(-2)}" in result.stderr  # forward
-    assert f"lib.linnet:{entry_precondition(-1)}" in result.stderr  # pool
+    assert f"lib.linnet:{entry_precondition(-3)}" in result.stderr  # forward
+    assert f"lib.linnet:{entry_precondition(-2)}" in result.stderr  # pool
+    assert f"lib.linnet:{entry_precondition(-1)}" in result.stderr  # embed
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "2 errors" in result.stderr  # forward and pool both declare it
+    assert "3 errors" in result.stderr  # forward, pool and embed all declare it
     assert result.stdout == ""
 
 
@@ -111,9 +112,9 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403", "E0403"]
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403", "E0403", "E0403"]
     span = report["diagnostics"][0]["span"]
-    line, col = map(int, entry_precondition(-2).split(":"))
+    line, col = map(int, entry_precondition(-3).split(":"))
     assert span["file"].endswith("lib.linnet") and (span["line"], span["col"]) == (line, col)
     assert span["end_col"] - span["col"] == len("S <= MaxPositions")
     assert any(n["span"] and n["span"]["file"].endswith("nest.toml") for n in report["diagnostics"][0]["notes"])

@@ -58,7 +58,8 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
                                                 "Layers", "T"]
     assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
-                                                                         ("pool", True, True)]
+                                                                         ("pool", True, True),
+                                                                         ("embed", True, True)]
     assert len(model.where) == 2
 
 

@@ -87,7 +87,7 @@ def test_minilm_mean_pooled_matches_sentence_transformers(minilm_torch, minilm_c
 
 
 def test_entries_and_signature(minilm_torch):
-    assert minilm_torch.entries == ("forward", "pool")
+    assert minilm_torch.entries == ("forward", "pool", "embed")
     assert "S <= 512" in minilm_torch.signature("pool")
     assert minilm_torch.info.report.unused_keys == ["embeddings.position_ids"]
 

@@ -43,6 +43,13 @@ def py_dim(d: DimExpr) -> str:
     return re.sub(r"(?<![/])/(?![/])", "//", text)
 
 
+def py_scalar(scalar) -> str:
+    """A literal of an `ir.Scalar`: integers stay integers, so `ids - 1` keeps an int dtype."""
+    if scalar.type.dtype.startswith(("i", "u")) or scalar.type.dtype == "bool":
+        return repr(int(scalar.value)) if scalar.type.dtype != "bool" else repr(bool(scalar.value))
+    return py_float(scalar.value)
+
+
 def py_float(value: float) -> str:
     if value != value:
         return 'float("nan")'

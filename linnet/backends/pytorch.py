@@ -13,7 +13,7 @@ from typing import Callable
 
 from .. import ir
 from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_float,
-                       py_name)
+                       py_name, py_scalar)
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16",
                 "i64": "torch.int64", "i32": "torch.int32", "i16": "torch.int16", "i8": "torch.int8",
@@ -151,7 +151,7 @@ class TorchEmitter:
         if isinstance(e, ir.ParamRef):
             return f"self.{py_name(e.name)}", _ATOM
         if isinstance(e, ir.Scalar):
-            text = py_float(e.value)
+            text = py_scalar(e)
             return text, _UNARY if text.startswith("-") else _ATOM
         if isinstance(e, ir.DimValue):
             text = py_dim(e.expr)
@@ -209,6 +209,8 @@ class TorchEmitter:
             return f"{x}.transpose(-2, -1)", _ATOM
         if op == "softmax":
             return f"torch.softmax({a[0]}, dim={e.attr('axis')})", _ATOM
+        if op == "cumsum":  # torch widens integer cumsums to int64; keep the declared dtype
+            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={TORCH_DTYPES[e.type.dtype]})", _ATOM
         if op in ("sum", "mean"):
             return f"{x}.{op}(dim={e.attr('axis')}, keepdim=True)", _ATOM
         if op == "max":
