@@ -1,0 +1,639 @@
+"""Lowered program -> ONNX graphs, written node by node with `onnx.helper` (not torch.onnx).
+
+Layout decisions (docs/backend-onnx.md has the long form):
+
+* The call tree is inlined.  ONNX local functions would mirror the Linnet functions, but
+  runtimes inline them anyway before optimising, TensorRT and older ONNX Runtime builds
+  (as shipped in Triton) handle them unevenly, and the graph stays readable without them:
+  every node's name is `<block path><function>/<Op>` (`layers.3.attention.forward/MatMul`)
+  and its doc_string names the Linnet function, its generics and the `file:line` of the
+  statement it came from, which Netron shows next to the node.
+* One file holds every entry when all entries take the same inputs (same names, dtypes and
+  dims); each entry then has its own graph output, named by nest.toml `[outputs]`.  Shared
+  work is emitted once: a call is memoised on (function, block path, argument values), so
+  `pool`, which calls `forward`, reads the encoder output `forward` already produced.  When
+  the entries' inputs differ, each entry gets a file of its own.  The root entry's file is
+  always `model.onnx`; any other is `model.<entry>.onnx`.
+* Opset 17: the oldest opset with LayerNormalization, so the files load in the widest range
+  of runtimes.  GELU is the Linnet body (the erf formula), which ONNX Runtime fuses back
+  into one kernel itself.
+* Graph inputs keep their declared dtypes (i32 token ids stay INT32: Gather takes int32
+  indices), and dims the entry leaves free are `dim_param`s named after the Linnet dims.
+* f16/bf16: weights and activations are in that dtype, but LayerNorm and softmax run in f32
+  (Cast up before, Cast down after).  Their reductions overflow or lose the small variance
+  in half precision (the known fp16 LayerNorm problem of BERT exports: sums of squares over
+  768 channels pass 65504), and the softmax exponentials over long rows lose the small
+  probabilities.
+* `bf16_compute="f32"` builds a variant for runtimes without bf16 arithmetic (ONNX Runtime's
+  CPU provider has bf16 Cast, Gather and data movement, but no bf16 Add, MatMul, ...): every
+  arithmetic node reads its bf16 inputs cast to f32 and its result is rounded back to bf16,
+  so every tensor between nodes is still bf16, as with a GPU's bf16 kernels (which also
+  accumulate in f32).  It is a different graph and is cached separately.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import __version__, ir
+from ..diagnostics import Diagnostic, LinnetError
+from ..dims import DimExpr, FloorDiv, Mod, Sym
+
+OPSET = 17
+#: IR version 8 is the lowest that opset 17 needs; older runtimes read it too.
+IR_VERSION = 8
+#: protobuf refuses messages over 2 GiB; above this the weights go to an external file.
+EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2
+
+#: Ops that move or reinterpret data without arithmetic; the bf16 CPU variant leaves them in bf16.
+_DATA_OPS = frozenset({"Cast", "Shape", "Reshape", "Transpose", "Gather", "Slice", "Squeeze", "Unsqueeze",
+                       "Concat", "Identity", "Range"})
+
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul", "less": "Less",
+           "greater": "Greater", "equal": "Equal", "maximum": "Max", "minimum": "Min"}
+_UNARY = {"neg": "Neg", "erf": "Erf", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
+          "sigmoid": "Sigmoid"}
+_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}
+_LOW_PRECISION = ("f16", "bf16")
+
+
+def elem_type(dtype: str) -> int:
+    """A Linnet dtype as an ONNX TensorProto element type."""
+    from onnx import TensorProto
+
+    return {"f64": TensorProto.DOUBLE, "f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16,
+            "bf16": TensorProto.BFLOAT16, "i64": TensorProto.INT64, "i32": TensorProto.INT32,
+            "i16": TensorProto.INT16, "i8": TensorProto.INT8, "u8": TensorProto.UINT8,
+            "bool": TensorProto.BOOL}[dtype]
+
+
+def unsupported(message: str, fn: ir.Function | None = None) -> LinnetError:
+    span = fn.span if fn is not None else None
+    return LinnetError(Diagnostic("E0830", f"the onnx backend cannot express {message}", span))
+
+
+# --------------------------------------------------------------------- file layout
+
+
+@dataclass
+class ModelFile:
+    """One ONNX file: its name, the entries it answers, and (once emitted) the model."""
+
+    file: str
+    entries: list[str]
+    model: object = None  # onnx.ModelProto
+
+
+def _signature(entry: ir.Entry) -> tuple:
+    return tuple((name, t.dtype, tuple(str(d) for d in t.dims)) for name, t in entry.inputs)
+
+
+def layout(program: ir.Program, root_entry: str | None = None) -> list[ModelFile]:
+    """Which entries go to which file: one file when all share their inputs, else one each.
+
+    The root entry comes first and its file is `model.onnx`, so a caller that wants "the"
+    model can take the first path.
+    """
+    names = list(program.entries)
+    if root_entry in program.entries:
+        names.remove(root_entry)
+        names.insert(0, root_entry)
+    if len({_signature(program.entries[n]) for n in names}) == 1:
+        return [ModelFile("model.onnx", names)]
+    return [ModelFile("model.onnx" if i == 0 else f"model.{n}.onnx", [n]) for i, n in enumerate(names)]
+
+
+def value_dims(t: ir.TensorType) -> list[int | str | None]:
+    """Graph-boundary dims: numbers, names of free dims, None for a computed expression."""
+    out: list[int | str | None] = []
+    for d in t.dims:
+        value = d.as_int()
+        if value is not None:
+            out.append(value)
+        else:
+            text = str(d)
+            out.append(text if text.isidentifier() else None)
+    return out
+
+
+# -------------------------------------------------------------------------- emitter
+
+
+@dataclass
+class _Frame:
+    """One inlined function activation: where its block sits and what its names hold."""
+
+    fn: ir.Function
+    prefix: str  # the block's param path prefix, `layers.3.attention.`; "" at the root
+    env: dict[str, str] = field(default_factory=dict)  # Linnet local -> ONNX value name
+    loops: dict[str, str] = field(default_factory=dict)  # loop variable -> prefix of its element
+
+
+class GraphEmitter:
+    """Builds the nodes and initializers of one graph."""
+
+    def __init__(self, program: ir.Program, tensors: dict, *, bf16_compute: str = "native"):
+        if bf16_compute not in ("native", "f32"):
+            raise ValueError(f"bf16_compute must be 'native' or 'f32', got {bf16_compute!r}")
+        self.program = program
+        self.tensors = tensors
+        self.emulate_bf16 = bf16_compute == "f32"
+        self.nodes: list = []
+        self.initializers: list = []
+        self.types: dict[str, int] = {}  # value name -> element type, for the f32 islands
+        self._names: set[str] = set()
+        self._consts: dict[tuple, str] = {}
+        self._params: dict[tuple[str, bool], str] = {}
+        self._by_array: dict[tuple[int, bool], str] = {}  # tied weights share one initializer
+        self._dims: dict[str, str] = {}
+        self._memo: dict[tuple, str] = {}
+        self._casts: dict[tuple[str, int], str] = {}
+        self._dim_sources: dict[str, tuple[str, int]] = {}
+        self.initializer_bytes = 0
+
+    # --------------------------------------------------------------- names
+    def reserve(self, name: str) -> None:
+        self._names.add(name)
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 2
+        while name in self._names:
+            name, n = f"{base}_{n}", n + 1
+        self._names.add(name)
+        return name
+
+    # --------------------------------------------------------------- nodes
+    def node(self, op_type: str, inputs: list[str], out_type: int, *, scope: str, doc: str,
+             output: str | None = None, **attrs) -> str:
+        """Append one node; returns its output's name.  `out_type` is its element type."""
+        from onnx import TensorProto, helper
+
+        name = self._unique(f"{scope}/{op_type}") if output is None else output
+        if output is not None:
+            self._names.add(output)
+        if (self.emulate_bf16 and op_type not in _DATA_OPS
+                and any(self.types.get(i) == TensorProto.BFLOAT16 for i in inputs if i)):
+            # The bf16 CPU variant: compute this node in f32 and round its result to bf16.
+            wide = [self.cast(i, TensorProto.FLOAT, scope, doc) if self.types.get(i) == TensorProto.BFLOAT16
+                    else i for i in inputs]
+            wide_type = TensorProto.FLOAT if out_type == TensorProto.BFLOAT16 else out_type
+            inner = self.node(op_type, wide, wide_type, scope=scope, doc=doc, **attrs)
+            if out_type != TensorProto.BFLOAT16:
+                return inner
+            return self.node("Cast", [inner], out_type, scope=scope, doc=doc + " (rounded back to bf16)",
+                             output=name, to=out_type)
+        self.nodes.append(helper.make_node(op_type, inputs, [name], name=name, doc_string=doc, **attrs))
+        self.types[name] = out_type
+        return name
+
+    def cast(self, value: str, to: int, scope: str, doc: str) -> str:
+        if self.types.get(value) == to:
+            return value
+        key = (value, to)
+        if key not in self._casts:
+            self._casts[key] = self.node("Cast", [value], to, scope=scope, doc=doc, to=to)
+        return self._casts[key]
+
+    # ------------------------------------------------------- initializers
+    def _initializer(self, name: str, array, elem: int, doc: str = "") -> str:
+        from onnx import TensorProto
+
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.data_type = elem
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = array.tobytes()  # little-endian, as ONNX raw_data requires on x86/ARM
+        if doc:
+            tensor.doc_string = doc
+        self.initializers.append(tensor)
+        self.types[name] = elem
+        self._names.add(name)
+        self.initializer_bytes += array.nbytes
+        return name
+
+    def constant(self, value, dtype: str, shape: tuple = ()) -> str:
+        """A small constant (scalar or shape list) as an initializer, one per value."""
+        import numpy as np
+
+        key = (dtype, shape, repr(value))
+        if key not in self._consts:
+            if dtype == "bf16":
+                import ml_dtypes
+                array = np.asarray(value, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(shape)
+            else:
+                from ..runtime import NUMPY_DTYPES
+                array = np.asarray(value, dtype=NUMPY_DTYPES[dtype]).reshape(shape)
+            shown = value if not isinstance(value, float) else float(f"{value:.9g}")
+            name = self._unique(f"const.{dtype}.{shown}".replace(" ", ""))
+            self._consts[key] = self._initializer(name, array, elem_type(dtype))
+        return self._consts[key]
+
+    def param(self, path: str, t: ir.TensorType, transposed: bool = False) -> str:
+        """The initializer of a Linnet param by path; `transposed` stores it as [In, Out]."""
+        key = (path, transposed)
+        if key not in self._params:
+            if path not in self.tensors:
+                raise unsupported(f"the param `{path}`: the weights given have no tensor for it")
+            array = self.tensors[path]
+            if tuple(array.shape) != tuple(d.as_int() for d in t.dims):
+                raise unsupported(f"the param `{path}`: weights of shape {tuple(array.shape)}, declared {t}")
+            tied = self._by_array.get((id(array), transposed))
+            if tied is not None:
+                self._params[key] = tied
+            else:
+                doc = f"Linnet param {path}: {t}"
+                name = path
+                if transposed:
+                    import numpy as np
+                    array = np.ascontiguousarray(array.T)
+                    doc += ", stored transposed for MatMul"
+                    name = f"{path}^T"
+                self._params[key] = self._initializer(name, array, elem_type(t.dtype), doc)
+                self._by_array[(id(self.tensors[path]), transposed)] = self._params[key]
+        return self._params[key]
+
+    # --------------------------------------------------------------- dims
+    def bind_dims(self, entry: ir.Entry) -> None:
+        self._dim_sources = dict(entry.dim_sources)
+
+    def dim(self, expr: DimExpr) -> str:
+        """A dim's value as an int64 tensor of shape [1], computed from the input shapes."""
+        from onnx import TensorProto
+
+        value = expr.as_int()
+        if value is not None:
+            return self.constant([value], "i64", (1,))
+        text = str(expr)
+        if text in self._dims:
+            return self._dims[text]
+        i64 = TensorProto.INT64
+        doc = f"the dim {text}"
+        total = None
+        for monomial, coeff in expr.terms:
+            term = self.constant([coeff], "i64", (1,)) if (coeff != 1 or not monomial) else None
+            for atom, power in monomial:
+                factor = self._atom(atom)
+                for _ in range(power):
+                    term = factor if term is None else self.node("Mul", [term, factor], i64, scope="dims", doc=doc)
+            total = term if total is None else self.node("Add", [total, term], i64, scope="dims", doc=doc)
+        self._dims[text] = total
+        return total
+
+    def _atom(self, atom) -> str:
+        from onnx import TensorProto
+
+        if isinstance(atom, Sym):
+            if atom.name not in self._dim_sources:
+                raise unsupported(f"the dim `{atom.name}`: no input of the entry has an axis of that size")
+            source, axis = self._dim_sources[atom.name]
+            key = f"dim:{atom.name}"
+            if key not in self._dims:
+                self._dims[key] = self.node("Shape", [source], TensorProto.INT64, scope=f"dims/{atom.name}",
+                                            doc=f"{atom.name} = {source}.shape[{axis}]", start=axis, end=axis + 1)
+            return self._dims[key]
+        if isinstance(atom, (FloorDiv, Mod)):
+            # Dims are never negative, so ONNX's truncating integer Div is floor division here.
+            op = "Div" if isinstance(atom, FloorDiv) else "Mod"
+            return self.node(op, [self.dim(atom.num), self.dim(atom.den)], TensorProto.INT64, scope="dims",
+                             doc=f"the dim {atom}")
+        raise unsupported(f"the dim expression {atom}")
+
+    def shape(self, dims: tuple[DimExpr, ...]) -> str:
+        if all(d.as_int() is not None for d in dims):
+            return self.constant([d.as_int() for d in dims], "i64", (len(dims),))
+        from onnx import TensorProto
+
+        key = "shape:" + ", ".join(map(str, dims))
+        if key not in self._dims:
+            parts = [self.dim(d) for d in dims]
+            self._dims[key] = self.node("Concat", parts, TensorProto.INT64, scope="dims",
+                                        doc=f"the shape [{', '.join(map(str, dims))}]", axis=0)
+        return self._dims[key]
+
+    # --------------------------------------------------------- functions
+    def call(self, fn_id: str, args: list[str], prefix: str, scalars: dict[int, float] | None = None) -> str:
+        """Inline one function (or its fused form) once per block path and argument values.
+
+        scalars: the arguments known at compile time (param index -> value), which a fused
+        form may need as node attributes (LayerNormalization's epsilon).
+        """
+        key = (fn_id, prefix, tuple(args))
+        if key in self._memo:
+            return self._memo[key]
+        fn = self.program.functions[fn_id]
+        frame = _Frame(fn, prefix, {name: a for (name, _), a in zip(fn.params, args)})
+        fused = FUSED.get(fn.source)
+        result = fused(self, frame, args, scalars or {}) if fused is not None else None
+        if result is None:
+            result = self._stmts(fn.body, frame)
+            if result is None:
+                raise unsupported(f"`{fn.id}`: its body ends without a return", fn)
+        self._memo[key] = result
+        return result
+
+    def _stmts(self, stmts, frame: _Frame) -> str | None:
+        for stmt in stmts:
+            if isinstance(stmt, ir.Loop):
+                member = self._sub(frame, stmt.member)
+                for i in range(member.count or 0):
+                    frame.loops[stmt.var] = f"{frame.prefix}{stmt.member}.{i}."
+                    result = self._stmts(stmt.body, frame)
+                    if result is not None:
+                        return result
+                frame.loops.pop(stmt.var, None)
+            elif isinstance(stmt, ir.Return):
+                return self.expr(stmt.value, frame)
+            else:
+                frame.env[stmt.name] = self.expr(stmt.value, frame)
+        return None
+
+    def _sub(self, frame: _Frame, member: str) -> ir.Sub:
+        block = self.program.blocks[frame.fn.block]
+        for sub in block.subs:
+            if sub.name == member:
+                return sub
+        raise unsupported(f"the sub-block `{member}` of {block.id}", frame.fn)
+
+    def _callee_prefix(self, frame: _Frame, receiver: str | None) -> str:
+        if receiver is None or receiver == "self":
+            return frame.prefix
+        if receiver in frame.loops:
+            return frame.loops[receiver]
+        return f"{frame.prefix}{receiver}."
+
+    # -------------------------------------------------------- expressions
+    def scope(self, frame: _Frame) -> str:
+        return f"{frame.prefix}{frame.fn.name}"
+
+    def doc(self, frame: _Frame, line: int) -> str:
+        fn = frame.fn
+        generics = ", ".join(f"{k}={v}" for k, v in fn.generics.items())
+        return f"{fn.source}<{generics}> at {fn.span.file}:{line}"
+
+    def expr(self, e: ir.Expr, frame: _Frame) -> str:
+        if isinstance(e, ir.Ref):
+            return frame.env[e.name]
+        if isinstance(e, ir.ParamRef):
+            return self.param(frame.prefix + e.name, e.type)
+        if isinstance(e, ir.Scalar):
+            return self._scalar(e.value, e.type.dtype)
+        if isinstance(e, ir.DimValue):
+            from onnx import TensorProto
+            return self.node("Squeeze", [self.dim(e.expr)], TensorProto.INT64, scope="dims",
+                             doc=f"the dim {e.expr} as a scalar")
+        if isinstance(e, ir.Absent):
+            return ""
+        if isinstance(e, ir.Call):
+            callee = self.program.functions[e.function]
+            # A compile-time number takes the dtype of the parameter it is passed to
+            # (`rsqrt(cast<f32>(Dh))` passed as `scale: T` is an f16 constant in an f16 model).
+            args = [self._scalar(a.value, t.dtype) if isinstance(a, ir.Scalar) and t is not None
+                    else self.expr(a, frame) for a, (_, t) in zip(e.args, callee.params)]
+            scalars = {i: float(a.value) for i, a in enumerate(e.args) if isinstance(a, ir.Scalar)}
+            return self.call(e.function, args, self._callee_prefix(frame, e.receiver), scalars)
+        return self._op(e, frame)
+
+    def _scalar(self, value: float, dtype: str) -> str:
+        is_float = dtype.startswith("f") or dtype == "bf16"
+        return self.constant(float(value) if is_float else int(value), dtype)
+
+    def _op(self, e: ir.Op, frame: _Frame) -> str:
+        op, out = e.op, elem_type(e.type.dtype)
+        scope, doc = self.scope(frame), self.doc(frame, e.line)
+        args = [self.expr(a, frame) for a in e.args]
+
+        def emit(op_type: str, inputs: list[str], **attrs) -> str:
+            return self.node(op_type, inputs, out, scope=scope, doc=doc, **attrs)
+
+        if op in _BINARY:
+            return emit(_BINARY[op], args)
+        if op in _UNARY:
+            return emit(_UNARY[op], args)
+        if op == "rsqrt":
+            root = self.node("Sqrt", args, out, scope=scope, doc=doc)
+            return emit("Reciprocal", [root])
+        if op == "select":
+            return emit("Where", args)
+        if op == "transpose":
+            rank = e.args[0].type.rank
+            perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+            return emit("Transpose", args, perm=perm)
+        if op == "permute":
+            return emit("Transpose", args, perm=list(e.attr("perm")))
+        if op == "softmax":
+            return softmax(self, args[0], e.type.dtype, e.attr("axis"), scope, doc)
+        if op in _REDUCE:
+            axis = e.attr("axis")
+            if op == "sum":  # ReduceSum takes its axes as an input since opset 13
+                return emit("ReduceSum", [args[0], self.constant([axis], "i64", (1,))], keepdims=1)
+            return emit(_REDUCE[op], args, axes=[axis], keepdims=1)
+        if op == "take":
+            return emit("Gather", args, axis=0)
+        if op == "reshape":
+            return emit("Reshape", [args[0], self.shape(tuple(e.attr("shape")))])
+        if op == "iota":
+            dtype = e.attr("dtype")
+            limit = self.node("Squeeze", [self.dim(e.attr("n"))], elem_type("i64"), scope=scope, doc=doc)
+            limit = self.cast(limit, out, scope, doc)
+            return emit("Range", [self.constant(0, dtype), limit, self.constant(1, dtype)])
+        if op == "cast":
+            return self.cast(args[0], elem_type(e.attr("dtype")), scope, doc)
+        if op == "index":
+            return self._index(e, args[0], frame, scope, doc)
+        raise unsupported(f"the primitive `{op}`", frame.fn)
+
+    def _index(self, e: ir.Op, x: str, frame: _Frame, scope: str, doc: str) -> str:
+        """`x[...]` as one Slice over the sliced and indexed axes, then a Squeeze of the indexed ones."""
+        starts, ends, axes, dropped = [], [], [], []
+        for axis, item in enumerate(e.attr("items")):
+            if item[0] == "index":
+                starts.append(item[1])
+                ends.append(item[1] + 1)
+                axes.append(axis)
+                dropped.append(axis)
+            else:
+                _, start, stop = item
+                if start.as_int() == 0 and stop is None:
+                    continue  # `:` keeps the whole axis
+                starts.append(start)
+                ends.append(stop if stop is not None else e.args[0].type.dims[axis])
+                axes.append(axis)
+        out = elem_type(e.type.dtype)
+        if axes:
+            x = self.node("Slice", [x, self.shape(tuple(starts)), self.shape(tuple(ends)),
+                                    self.constant(axes, "i64", (len(axes),))], out, scope=scope, doc=doc)
+        if dropped:
+            x = self.node("Squeeze", [x, self.constant(dropped, "i64", (len(dropped),))], out, scope=scope, doc=doc)
+        return x
+
+
+# ----------------------------------------------------------------- fused forms
+
+
+def softmax(em: GraphEmitter, x: str, dtype: str, axis: int, scope: str, doc: str) -> str:
+    """Softmax; in f16/bf16 the exponentials and their sum are computed in f32."""
+    from onnx import TensorProto
+
+    out = elem_type(dtype)
+    if dtype not in _LOW_PRECISION:
+        return em.node("Softmax", [x], out, scope=scope, doc=doc, axis=axis)
+    wide = em.cast(x, TensorProto.FLOAT, scope, doc + " (softmax in f32)")
+    probs = em.node("Softmax", [wide], TensorProto.FLOAT, scope=scope, doc=doc + " (softmax in f32)", axis=axis)
+    return em.node("Cast", [probs], out, scope=scope, doc=doc, to=out)
+
+
+def _fused_layer_norm(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    from onnx import TensorProto
+
+    fn = frame.fn
+    x, weight, bias, eps = args
+    eps_expr = scalars.get(3)
+    if eps_expr is None:
+        return None  # eps is computed at run time: LayerNormalization wants a number, emit the body
+    dtype = fn.result.dtype
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused LayerNormalization)"
+    inputs = [x, weight] + ([bias] if bias else [])
+    if dtype in _LOW_PRECISION:
+        # Statistics in f32: the sum of squares over the channels overflows f16.
+        doc += ", statistics in f32"
+        inputs = [em.cast(v, TensorProto.FLOAT, scope, doc) for v in inputs]
+        normed = em.node("LayerNormalization", inputs, TensorProto.FLOAT, scope=scope, doc=doc, axis=-1,
+                         epsilon=eps_expr)
+        return em.node("Cast", [normed], elem_type(dtype), scope=scope, doc=doc, to=elem_type(dtype))
+    return em.node("LayerNormalization", inputs, elem_type(dtype), scope=scope, doc=doc, axis=-1, epsilon=eps_expr)
+
+
+def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    fn = frame.fn
+    q, k, v, scale, mask = args
+    dtype = fn.result.dtype
+    out = elem_type(dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (attention: MatMul, Softmax, MatMul)"
+    # The scale multiplies Q (S x Dh per head) rather than the scores (S x S): fewer multiplies.
+    scaled = em.node("Mul", [q, scale], out,
+                     scope=scope, doc=doc + ", scale folded into Q")
+    rank = fn.params[1][1].rank
+    keys = em.node("Transpose", [k], out, scope=scope, doc=doc, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    scores = em.node("MatMul", [scaled, keys], out, scope=scope, doc=doc)
+    if mask:
+        scores = em.node("Add", [scores, mask], out, scope=scope, doc=doc + ", mask added")
+    probs = softmax(em, scores, dtype, -1, scope, doc)
+    return em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
+
+
+def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """y = x W^T + b as MatMul with the weight stored [In, Out], then Add (Gemm is 2-D only)."""
+    fn = frame.fn
+    params = dict(em.program.blocks[fn.block].params)
+    out = elem_type(fn.result.dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused Linear: MatMul + Add)"
+    weight = em.param(frame.prefix + "weight", params["weight"], transposed=True)
+    y = em.node("MatMul", [args[0], weight], out, scope=scope, doc=doc)
+    return em.node("Add", [y, em.param(frame.prefix + "bias", params["bias"])], out, scope=scope, doc=doc)
+
+
+#: std function (checked key) -> fused emission; each computes what the Linnet body does.
+#: A fused form may return None to fall back to the body.  gelu_erf needs no entry: its
+#: body is already the erf formula, which ONNX Runtime fuses into one Gelu kernel.
+FUSED = {
+    "std.nn.norm::layer_norm": _fused_layer_norm,
+    "std.nn.attention::attention": _fused_attention,
+    "std.nn.linear::Linear.forward": _fused_linear,
+}
+
+
+# ----------------------------------------------------------------------- models
+
+
+def emit(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, str],
+         root_entry: str | None = None, generics: dict | None = None, bf16_compute: str = "native",
+         source: str = "") -> list[ModelFile]:
+    """The ONNX models of a lowered program, one per file of `layout`.
+
+    tensors: param path -> numpy array (already in the export dtype).  outputs: entry ->
+    graph output name.  generics: recorded in the metadata.
+    """
+    from onnx import helper
+
+    files = layout(program, root_entry)
+    for model_file in files:
+        first = program.entries[model_file.entries[0]]
+        em = GraphEmitter(program, tensors, bf16_compute=bf16_compute)
+        em.bind_dims(first)
+        inputs = []
+        for input_name, t in first.inputs:
+            em.reserve(input_name)
+            em.types[input_name] = elem_type(t.dtype)
+            inputs.append(helper.make_tensor_value_info(input_name, elem_type(t.dtype), value_dims(t)))
+        graph_outputs = []
+        for entry_name in model_file.entries:
+            em.reserve(outputs[entry_name])
+        for entry_name in model_file.entries:
+            entry = program.entries[entry_name]
+            value = em.call(entry.function, [n for n, _ in entry.inputs], "")
+            out_name = outputs[entry_name]
+            em.node("Identity", [value], elem_type(entry.result.dtype), scope=entry_name,
+                    doc=f"the result of entry `{entry_name}`", output=out_name)
+            graph_outputs.append(helper.make_tensor_value_info(out_name, elem_type(entry.result.dtype),
+                                                               value_dims(entry.result)))
+        # Arguments are emitted before a fused form decides which it needs (LayerNormalization
+        # takes epsilon as an attribute), so drop constants that no node reads.
+        used = {i for node in em.nodes for i in node.input}
+        initializers = [t for t in em.initializers if t.name in used]
+        graph = helper.make_graph(em.nodes, name, inputs, graph_outputs, initializer=initializers,
+                                  doc_string=f"{name}: entries {', '.join(model_file.entries)}")
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="linnet", producer_version=__version__,
+                                  doc_string=f"Generated by Linnet {__version__} from {source or name}. "
+                                             "Node doc_strings give the Linnet function and file:line.")
+        model.ir_version = IR_VERSION
+        helper.set_model_props(model, metadata(program, model_file.entries, outputs, generics or {}, source))
+        model_file.model = model
+        model_file.initializer_bytes = em.initializer_bytes
+    return files
+
+
+def metadata(program: ir.Program, entries: list[str], outputs: dict[str, str], generics: dict,
+             source: str) -> dict[str, str]:
+    """metadata_props: what a reader of the file needs to call it correctly."""
+    pre: list[str] = []
+    for name in entries:
+        for left, op, right, _ in program.entries[name].preconditions:
+            text = f"{left} {op} {right}"
+            if text not in pre:
+                pre.append(text)
+    signatures = []
+    for name in entries:
+        e = program.entries[name]
+        params = ", ".join(f"{n}: {t}" for n, t in e.inputs)
+        signatures.append(f"{name}({params}) -> {e.result} as `{outputs[name]}`")
+    where = []
+    for name in entries:
+        for _, _, _, span in program.entries[name].preconditions:
+            where.append(f"{name}: {span.file}:{span.line}")
+    props = {
+        "linnet.version": __version__,
+        "linnet.source": source,
+        "linnet.entries": "; ".join(signatures),
+        "linnet.outputs": ", ".join(f"{n}={outputs[n]}" for n in entries),
+        "linnet.preconditions": ", ".join(pre),
+        "linnet.preconditions.where": "; ".join(where),
+        "linnet.generics": ", ".join(f"{k}={v}" for k, v in generics.items()),
+    }
+    return props
+
+
+def save(model_file: ModelFile, out_dir) -> list:
+    """Write one model; weights go to `<file>.data` beside it when the model passes 2 GiB."""
+    import onnx
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / model_file.file
+    if getattr(model_file, "initializer_bytes", 0) > EXTERNAL_DATA_BYTES:
+        data = model_file.file + ".data"
+        onnx.save(model_file.model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data, size_threshold=1024)
+        return [path, out_dir / data]
+    onnx.save(model_file.model, str(path))
+    return [path]

@@ -1,0 +1,229 @@
+"""The "onnx" backend: export the lowered program to ONNX, run it with ONNX Runtime.
+
+`build(ctx, out_dir)` writes `model.onnx` (and, past 2 GiB, `model.onnx.data`); the first
+path returned is always the root entry's `model.onnx`, so other exporters (Triton) can call
+it and take `paths[0]`.  `graph_io(ctx)` describes that file's inputs and outputs from the
+lowered program alone, without weights.  `open_runtime` exports once per cache key into
+`$LINNET_CACHE/generated/onnx/` and opens an `onnxruntime.InferenceSession` per file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import LoadContext
+from ..diagnostics import Diagnostic, LinnetError
+
+#: Keyword arguments of `nest.load` this backend takes.
+OPTIONS = ("providers",)
+#: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
+BUILD_NEEDS_WEIGHTS = True
+
+#: Providers tried by default, best first.  TensorRT is not among them: with dynamic B and S
+#: it builds an engine per new shape profile (minutes); name it in providers= to use it.
+DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
+    """Emit, save and validate every file of the entry's layout; model.onnx first."""
+    import onnx
+
+    from .onnx import emit, save
+
+    manifest = ctx.manifest
+    root = manifest.source.entry if manifest is not None else None
+    source = ctx.name if manifest is None else f"{ctx.name} ({manifest.source.root}, entries {', '.join(ctx.program.entries)})"
+    files = emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
+                 outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
+                 generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source)
+    paths: list[Path] = []
+    for model_file in files:
+        written = save(model_file, out_dir)
+        model_file.model = None  # the weights are on disk now; let the copy in memory go
+        # The saved file is what users get, so that is what is checked (full shape inference).
+        onnx.checker.check_model(str(written[0]), full_check=True)
+        paths += written
+    return paths
+
+
+def build(ctx: LoadContext, out_dir: Path, dtype: str | None = None) -> list[Path]:
+    """Write the ONNX model(s) to out_dir; the first path is the root entry's model.onnx.
+
+    dtype is the load-time float dtype and must agree with the one `ctx` was prepared with
+    (`linnet build --dtype` prepares it), since the lowered program's types carry it.
+    """
+    _check_dtype(ctx, dtype)
+    return _export(ctx, Path(out_dir))
+
+
+def graph_io(ctx: LoadContext) -> tuple[list[tuple[str, str, list]], list[tuple[str, str, list]]]:
+    """model.onnx's inputs and outputs: (name, ONNX element type name, dims), dims being ints
+    for fixed sizes and dim names ("B", "S") for the free ones — what a Triton config needs."""
+    from onnx import TensorProto
+
+    from .onnx import elem_type, layout, value_dims
+
+    program = ctx.program
+    first = layout(program, ctx.manifest.source.entry if ctx.manifest is not None else None)[0]
+    entry = program.entries[first.entries[0]]
+    inputs = [(n, TensorProto.DataType.Name(elem_type(t.dtype)), value_dims(t)) for n, t in entry.inputs]
+    outputs = [(ctx.output_name(e), TensorProto.DataType.Name(elem_type(program.entries[e].result.dtype)),
+                value_dims(program.entries[e].result)) for e in first.entries]
+    return inputs, outputs
+
+
+def _check_dtype(ctx: LoadContext, dtype: str | None) -> None:
+    if dtype is not None and ctx.dtype is not None and dtype != ctx.dtype:
+        raise LinnetError(Diagnostic("E0833", f"build(dtype={dtype!r}) disagrees with the dtype the program "
+                                     f"was prepared with ({ctx.dtype!r}); prepare it with dtype={dtype!r}"))
+
+
+def _float_dtype(ctx: LoadContext) -> str:
+    """The model's float dtype: the one asked for, else the first float among its params."""
+    if ctx.dtype is not None:
+        return ctx.dtype
+    floats = [t.dtype for _, t in ctx.program.param_paths() if t.dtype in ("f64", "f32", "f16", "bf16")]
+    return floats[0] if floats else "f32"
+
+
+# ------------------------------------------------------------------------ providers
+
+
+def physical_cores() -> int:
+    """Physical cores (ONNX Runtime runs best with one intra-op thread per core)."""
+    try:
+        import psutil
+
+        count = psutil.cpu_count(logical=False)
+        if count:
+            return count
+    except ImportError:
+        pass
+    try:  # Linux without psutil: count distinct (physical id, core id) pairs
+        cores, phys = set(), "0"
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "physical id":
+                    phys = value.strip()
+                elif key.strip() == "core id":
+                    cores.add((phys, value.strip()))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+def resolve_providers(providers=None, device=None) -> list:
+    """The providers to open the session with; unknown ones are an error naming the available."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if providers is not None and device is not None:
+        raise LinnetError(Diagnostic("E0832", "give device= or providers= to the onnx backend, not both "
+                                     f"(device={device!r}, providers={providers!r})"))
+    if providers is None:
+        if device is None:
+            return [p for p in DEFAULT_PROVIDERS if p in available]
+        kind, _, index = str(device).partition(":")
+        if kind == "cpu":
+            return ["CPUExecutionProvider"]
+        if kind == "cuda":
+            if "CUDAExecutionProvider" not in available:
+                raise LinnetError(Diagnostic("E0832", f"device {device!r} asked for, but this onnxruntime has no "
+                                             f"CUDAExecutionProvider (available: {', '.join(available)}); "
+                                             "install onnxruntime-gpu"))
+            options = {"device_id": int(index)} if index.isdigit() else {}
+            return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+        raise LinnetError(Diagnostic("E0832", f"unknown device {device!r} for the onnx backend: use 'cpu', "
+                                     "'cuda' or 'cuda:N', or name ONNX Runtime providers with providers="))
+    if isinstance(providers, (str, tuple)):
+        providers = [providers]
+    resolved = []
+    for p in providers:
+        name = p[0] if isinstance(p, tuple) else p
+        if name not in available:
+            raise LinnetError(Diagnostic("E0831", f"ONNX Runtime provider {name!r} is not available here; "
+                                         f"available: {', '.join(available)}"))
+        resolved.append(p)
+    return resolved
+
+
+def _provider_name(p) -> str:
+    return p[0] if isinstance(p, tuple) else p
+
+
+# -------------------------------------------------------------------------- runtime
+
+
+class OnnxRuntime:
+    backend = "onnx"
+
+    def __init__(self, ctx: LoadContext, folder: Path, providers: list):
+        import onnxruntime as ort
+
+        from .onnx import layout
+
+        self.program = ctx.program
+        self.folder = folder
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = physical_cores()
+        self.sessions: dict[str, object] = {}
+        self.outputs: dict[str, str] = {}
+        files = layout(ctx.program, ctx.manifest.source.entry if ctx.manifest is not None else None)
+        for model_file in files:
+            session = ort.InferenceSession(str(folder / model_file.file), sess_options=options,
+                                           providers=providers)
+            for entry in model_file.entries:
+                self.sessions[entry] = session
+                self.outputs[entry] = ctx.output_name(entry)
+        self.generated = folder / files[0].file
+        self.providers = self.sessions[files[0].entries[0]].get_providers()
+
+    def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
+        """Run one entry; only its own output is requested, so ORT skips the others' nodes."""
+        session = self.sessions[entry]
+        names = [n for n, _ in self.program.entries[entry].inputs]
+        feeds = dict(zip(names, inputs))
+        if self.program.entries[entry].result.dtype == "bf16":
+            return _run_bf16(session, feeds, self.outputs[entry])
+        return session.run([self.outputs[entry]], feeds)[0]
+
+
+def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
+    """ORT's Python API has no numpy type for bf16 results: bind the output, copy its bytes."""
+    import ctypes
+
+    import ml_dtypes
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, array)
+    binding.bind_output(output, "cpu")
+    session.run_with_iobinding(binding)
+    value = binding.get_outputs()[0]
+    shape = tuple(value.shape())
+    result = np.empty(shape, dtype=np.uint16)
+    ctypes.memmove(result.ctypes.data, value.data_ptr(), result.nbytes)
+    return result.view(ml_dtypes.bfloat16)
+
+
+def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntime:
+    chosen = resolve_providers(providers, device)  # before reading any weights
+    dtype = _float_dtype(ctx)
+    # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
+    # graph, export the variant that computes each node in f32 between bf16 tensors.
+    bf16_compute = "f32" if dtype == "bf16" and _provider_name(chosen[0]) == "CPUExecutionProvider" else "native"
+    options = {"dtype": dtype, "bf16_compute": bf16_compute}
+
+    def write(folder: Path) -> None:
+        _export(ctx, folder, bf16_compute)
+
+    folder = ctx.cached("onnx", "", write, options=options)
+    runtime = OnnxRuntime(ctx, folder, chosen)
+    runtime.bf16_compute = bf16_compute
+    return runtime
