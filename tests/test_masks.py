@@ -39,6 +39,9 @@ def _np(x):
     return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
+BACKENDS = ["torch", "onnx"]
+
+
 @pytest.fixture(scope="module")
 def minilm(minilm_checkpoint):
     return nest.load("all-minilm-l6-v2", backend="torch")
@@ -47,6 +50,27 @@ def minilm(minilm_checkpoint):
 @pytest.fixture(scope="module")
 def bert(bert_base_checkpoint):
     return nest.load("bert-base-uncased", backend="torch")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def minilm_any(request, minilm_checkpoint):
+    return nest.load("all-minilm-l6-v2", backend=request.param)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_every_backend_pads_exactly(minilm_any, side):
+    model = minilm_any
+    seqs = _sequences(LENGTHS, seed=3)
+    tokens, types, mask, where = _padded(seqs, side)
+    hidden = _np(model(tokens, types, attention_mask=mask))
+    embedded = _np(model.embed(tokens, types, attention_mask=mask))
+    worst = {"hidden": 0.0, "embed": 0.0}
+    for row, ((t, tt), cols) in enumerate(zip(seqs, where)):
+        alone = (t[None], tt[None])
+        worst["hidden"] = max(worst["hidden"], np.abs(hidden[row, cols] - _np(model(*alone))[0]).max())
+        worst["embed"] = max(worst["embed"], np.abs(embedded[row] - _np(model.embed(*alone))[0]).max())
+    print(f"minilm {model.backend} {side}-padded vs alone: {worst}")
+    assert worst["hidden"] <= 1e-5 and worst["embed"] <= 1e-5
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -426,6 +426,8 @@ class GraphEmitter:
             if op == "sum":  # ReduceSum takes its axes as an input since opset 13
                 return emit("ReduceSum", [args[0], self.constant([axis], "i64", (1,))], keepdims=1)
             return emit(_REDUCE[op], args, axes=[axis], keepdims=1)
+        if op == "cumsum":  # keeps the input dtype (an INT32 mask stays INT32)
+            return emit("CumSum", [args[0], self.constant(e.attr("axis"), "i64")])
         if op == "take":
             return emit("Gather", args, axis=0)
         if op == "reshape":
