@@ -124,6 +124,28 @@ def cmd_build(args, parser) -> int:
     return EXIT_OK
 
 
+def cmd_export_triton(args, parser) -> int:
+    from pathlib import Path
+
+    from .compiler import locate
+    from .nest import prepare
+    from .triton import export_triton
+
+    target = locate(args.path)
+    if target.kind != "entry":
+        parser.error("export-triton needs a zoo entry (a folder with nest.toml, or its name)")
+    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, need_weights=True)
+    started = time.perf_counter()
+    folder = export_triton(ctx, Path(args.output), max_batch_size=args.max_batch_size, runtime=args.runtime)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    for path in files:
+        print(f"wrote {path}")
+    size = sum(p.stat().st_size for p in files)
+    print(f"exported {ctx.name} for Triton ({args.runtime}) in {time.perf_counter() - started:.1f} s, "
+          f"{size / 1e6:.1f} MB; serve with: tritonserver --model-repository {args.output}")
+    return EXIT_OK
+
+
 def cmd_quickstart(args, parser) -> int:
     from .quickstart import run
 
@@ -153,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--revision", help="another revision of the weights repo")
     build.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a generic")
     build.set_defaults(handler=cmd_build)
+    triton = sub.add_parser("export-triton", help="write a Triton model repository for a zoo entry")
+    triton.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")
+    triton.add_argument("-o", "--output", required=True, metavar="REPO", help="the model repository folder")
+    triton.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="the model's float dtype (default: the manifest's)")
+    triton.add_argument("--max-batch-size", type=int, default=8, metavar="N",
+                        help="Triton's max_batch_size (default 8; 0 turns batching off)")
+    triton.add_argument("--runtime", choices=("onnxruntime", "python"), default="onnxruntime",
+                        help="Triton's ONNX Runtime backend (default), or ONNX Runtime in its Python backend")
+    triton.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
     quick.set_defaults(handler=cmd_quickstart)
     return parser
