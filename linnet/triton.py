@@ -65,6 +65,12 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Input(Tensor):
+    #: The fill value when a request leaves the input out (`= zeros` / `= ones` in Linnet).
+    default: int | None = None
+
+
+@dataclass(frozen=True)
 class Output(Tensor):
     entry: str
     preconditions: tuple[tuple[str, str, str], ...]  # ("S", "<=", "512")
@@ -96,10 +102,10 @@ def triton_io(ctx) -> TritonIO:
     if not entries:
         raise _error("E0843", f"{ctx.name} has no entries to serve")
     first = entries[0]
-    inputs = tuple(Tensor(n, t.dtype, _dims(t)) for n, t in first.inputs)
+    inputs = tuple(Input(n, t.dtype, _dims(t), first.defaults.get(n)) for n, t in first.inputs)
     outputs = []
     for entry in entries:
-        mine = tuple(Tensor(n, t.dtype, _dims(t)) for n, t in entry.inputs)
+        mine = tuple(Input(n, t.dtype, _dims(t), entry.defaults.get(n)) for n, t in entry.inputs)
         if mine != inputs:
             raise _error("E0843", f"{ctx.name}: entries `{first.name}` and `{entry.name}` take different inputs "
                          f"({', '.join(f'{i.name}: {i.dims}' for i in inputs)} vs "
@@ -179,8 +185,7 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
     else:
         fields += [("backend", "python")]
     fields.append(("max_batch_size", max_batch_size))
-    fields.append(("input", [[("name", t.name), ("data_type", _Enum(TRITON_DTYPES[t.dtype])),
-                              ("dims", _config_dims(t, batched))] for t in io.inputs]))
+    fields.append(("input", [_input_fields(t, batched, runtime) for t in io.inputs]))
     fields.append(("output", [[("name", t.name), ("data_type", _Enum(TRITON_DTYPES[t.dtype])),
                                ("dims", _config_dims(t, batched))] for t in io.outputs]))
     if batched:
@@ -188,6 +193,15 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
         # request is not held back waiting for company.
         fields.append(("dynamic_batching", []))
     return "\n".join(_format(fields)) + "\n"
+
+
+def _input_fields(t: Input, batched: bool, runtime: str) -> list:
+    fields = [("name", t.name), ("data_type", _Enum(TRITON_DTYPES[t.dtype])), ("dims", _config_dims(t, batched))]
+    # The python runtime fills a left-out input with its Linnet default; ONNX Runtime needs
+    # every graph input, so in the onnxruntime layout the client sends them all.
+    if runtime == "python" and t.default is not None:
+        fields.append(("optional", True))
+    return fields
 
 
 def _check_options(io: TritonIO, max_batch_size: int, runtime: str) -> None:
@@ -215,8 +229,8 @@ def _spec(io: TritonIO, max_batch_size: int) -> dict:
         "model": io.name,
         "linnet_version": __version__,
         "max_batch_size": max_batch_size,
-        "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": NUMPY_DTYPES[t.dtype].__name__, "dims": list(t.dims)}
-                   for t in io.inputs],
+        "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": NUMPY_DTYPES[t.dtype].__name__, "dims": list(t.dims),
+                    "default": t.default} for t in io.inputs],
         "outputs": [{"name": t.name, "entry": t.entry, "dtype": t.dtype, "dims": list(t.dims),
                      "preconditions": [list(p) for p in t.preconditions], "bounds": t.bounds}
                     for t in io.outputs],
@@ -366,6 +380,8 @@ def validate(spec, arrays, requested):
     dims = {}
     for inp in spec["inputs"]:
         name = inp["name"]
+        if name not in arrays and inp.get("default") is not None:
+            continue  # filled below, once the other inputs have told the dims
         if name not in arrays:
             return "input '%s' is missing" % name
         array = arrays[name]
@@ -387,6 +403,10 @@ def validate(spec, arrays, requested):
     for d, (v, name) in dims.items():
         if v == 0:
             return "input '%s' has %s = 0: at least one element is needed along %s" % (name, d, d)
+    for inp in spec["inputs"]:
+        if inp["name"] not in arrays:
+            shape = [int(d) if d.isdigit() else dim_value(d, values) for d in inp["dims"]]
+            arrays[inp["name"]] = np.full(shape, inp["default"], dtype=np.dtype(inp["numpy"]))
     outputs = [o for o in spec["outputs"] if o["name"] in requested]
     for out in outputs:
         for left, op, right in out["preconditions"]:

@@ -110,12 +110,12 @@ def test_one_export_serves_every_shape(bert_onnx, minilm_onnx):
 def test_inputs_outputs_and_dims(minilm_graph):
     graph = minilm_graph.graph
     ins = {v.name: v.type.tensor_type for v in graph.input}
-    assert list(ins) == ["tokens", "token_types"]
+    assert list(ins) == ["tokens", "token_types", "attention_mask"]
     for t in ins.values():
         assert t.elem_type == onnx.TensorProto.INT32
         assert [d.dim_param for d in t.shape.dim] == ["B", "S"]
     outs = {v.name: v.type.tensor_type for v in graph.output}
-    assert list(outs) == ["hidden", "pooled"]
+    assert list(outs) == ["hidden", "pooled", "embedding"]
     assert [d.dim_param or d.dim_value for d in outs["hidden"].shape.dim] == ["B", "S", 384]
     assert [d.dim_param or d.dim_value for d in outs["pooled"].shape.dim] == ["B", 384]
     assert all(t.elem_type == onnx.TensorProto.FLOAT for t in outs.values())
@@ -131,7 +131,7 @@ def test_metadata_records_preconditions_and_source(minilm_graph):
     props = {p.key: p.value for p in minilm_graph.metadata_props}
     assert props["linnet.preconditions"] == "S <= 512"
     assert "lib.linnet:" in props["linnet.preconditions.where"]
-    assert props["linnet.outputs"] == "forward=hidden, pool=pooled"
+    assert props["linnet.outputs"] == "forward=hidden, pool=pooled, embed=embedding"
     assert "D=384" in props["linnet.generics"] and "Layers=6" in props["linnet.generics"]
     assert props["linnet.version"]
     assert minilm_graph.opset_import[0].version >= 17
@@ -163,8 +163,10 @@ def test_graph_io_for_triton(minilm_checkpoint):
 
     ctx, _ = nest.prepare("all-minilm-l6-v2", need_weights=False)
     inputs, outputs = graph_io(ctx)
-    assert inputs == [("tokens", "INT32", ["B", "S"]), ("token_types", "INT32", ["B", "S"])]
-    assert outputs == [("hidden", "FLOAT", ["B", "S", 384]), ("pooled", "FLOAT", ["B", 384])]
+    assert inputs == [("tokens", "INT32", ["B", "S"]), ("token_types", "INT32", ["B", "S"]),
+                      ("attention_mask", "INT32", ["B", "S"])]
+    assert outputs == [("hidden", "FLOAT", ["B", "S", 384]), ("pooled", "FLOAT", ["B", 384]),
+                       ("embedding", "FLOAT", ["B", 384])]
 
 
 def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
@@ -174,13 +176,14 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
     from linnet.backends.onnx import layout
 
     program = copy.copy(minilm_onnx.program)
-    assert [(f.file, f.entries) for f in layout(program, "forward")] == [("model.onnx", ["forward", "pool"])]
+    assert [(f.file, f.entries) for f in layout(program, "forward")] == [
+        ("model.onnx", ["forward", "pool", "embed"])]
     pool = program.entries["pool"]
-    renamed = ir.Entry(pool.name, pool.function, pool.dims, [("ids", pool.inputs[0][1]), pool.inputs[1]],
+    renamed = ir.Entry(pool.name, pool.function, pool.dims, [("ids", pool.inputs[0][1]), *pool.inputs[1:]],
                        pool.result, pool.preconditions, pool.dim_sources)
     program.entries = {**program.entries, "pool": renamed}
     assert [(f.file, f.entries) for f in layout(program, "pool")] == [
-        ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"])]
+        ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"]), ("model.embed.onnx", ["embed"])]
 
 
 # ------------------------------------------------------------------------ f16 / bf16
@@ -288,7 +291,8 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
     tokens, token_types = _inputs(1, 9)
-    out = session.run(["pooled"], {"tokens": tokens.astype(np.int32), "token_types": token_types.astype(np.int32)})
+    out = session.run(["pooled"], {"tokens": tokens.astype(np.int32), "token_types": token_types.astype(np.int32),
+                                   "attention_mask": np.ones_like(tokens, np.int32)})
     assert np.abs(out[0] - minilm_onnx.pool(tokens, token_types)).max() == 0
 
 

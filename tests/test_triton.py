@@ -78,22 +78,29 @@ def test_config_parses_with_tritons_schema(name, dtype, width, runtime):
     assert config.HasField("dynamic_batching")
     # Spelled out once, so a change in the derivation above cannot hide a wrong config.
     float_type = PB_TYPES[dtype or "f32"]
-    assert inputs == [("tokens", model_config_pb2.TYPE_INT32, [-1]), ("token_types", model_config_pb2.TYPE_INT32, [-1])]
-    assert outputs == [("hidden", float_type, [-1, width]), ("pooled", float_type, [width])]
+    assert inputs == [("tokens", model_config_pb2.TYPE_INT32, [-1]), ("token_types", model_config_pb2.TYPE_INT32, [-1]),
+                      ("attention_mask", model_config_pb2.TYPE_INT32, [-1])]
+    assert outputs == [("hidden", float_type, [-1, width]), ("pooled", float_type, [width]),
+                       ("embedding", float_type, [width])]
+    # Inputs with a Linnet default may be left out where model.py can fill them (python
+    # runtime); ONNX Runtime needs every graph input.
+    optional = {i.name: i.optional for i in config.input}
+    assert optional == {"tokens": False, "token_types": runtime == "python", "attention_mask": runtime == "python"}
 
 
 def test_config_without_batching_keeps_the_batch_dim():
     ctx, inputs, outputs = expected_io(MINILM, None, batched=False)
     config = parse_config(config_text(triton_io(ctx), max_batch_size=0))
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
-    assert [list(i.dims) for i in config.input] == [[-1, -1], [-1, -1]]
-    assert [(o.name, list(o.dims)) for o in config.output] == [("hidden", [-1, -1, 384]), ("pooled", [-1, 384])]
+    assert [list(i.dims) for i in config.input] == [[-1, -1]] * 3
+    assert [(o.name, list(o.dims)) for o in config.output] == [("hidden", [-1, -1, 384]), ("pooled", [-1, 384]),
+                                                               ("embedding", [-1, 384])]
 
 
 def test_bf16_config_and_python_runtime_refusal():
     ctx, inputs, outputs = expected_io(MINILM, "bf16", batched=True)
     config = parse_config(config_text(triton_io(ctx), runtime="onnxruntime"))
-    assert [o.data_type for o in config.output] == [model_config_pb2.TYPE_BF16] * 2
+    assert [o.data_type for o in config.output] == [model_config_pb2.TYPE_BF16] * 3
     # numpy has no bfloat16, so the Python backend could not hand the outputs over.
     with pytest.raises(LinnetError) as info:
         config_text(triton_io(ctx), runtime="python")
@@ -191,8 +198,9 @@ def test_python_spec_comes_from_the_program(minilm_repos):
     hidden = next(o for o in spec["outputs"] if o["name"] == "hidden")
     assert hidden["bounds"] == bounds
     assert hidden["preconditions"] == [[str(l), op, str(r)] for l, op, r, _ in entry.preconditions] == [["S", "<=", "512"]]
-    assert [(i["name"], i["dtype"], i["dims"]) for i in spec["inputs"]] == [("tokens", "i32", ["B", "S"]),
-                                                                          ("token_types", "i32", ["B", "S"])]
+    assert [(i["name"], i["dtype"], i["dims"], i["default"]) for i in spec["inputs"]] == [
+        ("tokens", "i32", ["B", "S"], None), ("token_types", "i32", ["B", "S"], 0),
+        ("attention_mask", "i32", ["B", "S"], 1)]
 
 
 def _model_py(folder: Path):
@@ -316,9 +324,11 @@ class Client:
         self.protocol, self.module = protocol, module
         self.client = module.InferenceServerClient(url)
 
-    def infer(self, model: str, tokens: np.ndarray, types: np.ndarray, outputs=("hidden", "pooled")):
+    def infer(self, model: str, tokens: np.ndarray, types: np.ndarray | None, outputs=("hidden", "pooled"),
+              attention_mask: np.ndarray | None = None):
         inputs = []
-        for name, array in (("tokens", tokens), ("token_types", types)):
+        given = (("tokens", tokens), ("token_types", types), ("attention_mask", attention_mask))
+        for name, array in ((n, a) for n, a in given if a is not None):
             tensor = self.module.InferInput(name, list(array.shape), "INT32")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
@@ -351,6 +361,23 @@ def test_served_outputs_match_onnx_backend(client, served, onnx_models, name, ba
         served.figures.setdefault("max_abs_diff", {})[f"{name} {client.protocol} {batch}x{length} {output}"] = diff
         print(f"{name} {client.protocol} B={batch} S={length} {output}: max|diff| = {diff:.3g}")
         assert diff <= 1e-5
+
+
+def test_padded_batch_through_triton_matches_onnx_backend(client, served, onnx_models):
+    lengths = [3, 20, 11]
+    tokens = _ids(len(lengths), max(lengths), seed=77)
+    mask = np.zeros_like(tokens)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    tokens = np.where(mask == 1, tokens, 0).astype(np.int32)
+    result = client.infer(MINILM, tokens, None, outputs=("hidden", "embedding"), attention_mask=mask)
+    model = onnx_models[MINILM]
+    want_hidden, want_embed = model(tokens, attention_mask=mask), model.embed(tokens, attention_mask=mask)
+    real = mask.astype(bool)
+    hidden_diff = float(np.abs(result.as_numpy("hidden")[real] - want_hidden[real]).max())
+    embed_diff = float(np.abs(result.as_numpy("embedding") - want_embed).max())
+    served.figures.setdefault("max_abs_diff", {})[f"padded {client.protocol}"] = max(hidden_diff, embed_diff)
+    assert hidden_diff <= 1e-5 and embed_diff <= 1e-5
 
 
 def test_only_requested_outputs_come_back(client, served):
