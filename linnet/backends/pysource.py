@@ -7,8 +7,12 @@ folding functions that were lowered more than once but print the same.
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import keyword
 import re
+import sys
+from pathlib import Path
+from typing import Callable
 
 from .. import __version__, ir
 from ..dims import DimExpr
@@ -115,7 +119,15 @@ class FunctionNamer:
     instantiation; it is left out of the comparison and rewritten for shared definitions.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, base_name: Callable[[ir.Function], str] | None = None,
+                 fold_scope: Callable[[ir.Function], str] | None = None,
+                 name_scope: Callable[[ir.Function], str] | None = None) -> None:
+        # The defaults suit methods living in classes (torch): names and folding are per
+        # block.  An emitter of module-level functions (JAX) passes a qualified `base_name`
+        # (`LayerNorm_forward`), one shared `name_scope`, and folds per block source.
+        self._base_name = base_name or (lambda fn: py_name(fn.name))
+        self._fold_scope = fold_scope or (lambda fn: fn.block or "")
+        self._name_scope = name_scope or (lambda fn: fn.block or "")
         self.names: dict[str, str] = {}
         self._by_body: dict[tuple[str, str], int] = {}
         self._used: dict[str, set[str]] = {}
@@ -123,16 +135,15 @@ class FunctionNamer:
 
     def assign(self, fn: ir.Function, text: str) -> int | None:
         """Record fn, rendered with PLACEHOLDER as its name; a handle for new text, else None."""
-        scope = fn.block or ""
         lines = text.split("\n")
-        key = (scope, "\n".join(lines[:1] + lines[2:]))
+        key = (self._fold_scope(fn), "\n".join(lines[:1] + lines[2:]))
         if key in self._by_body:
             handle = self._by_body[key]
             self._texts[handle][2] += 1
             self.names[fn.id] = self._texts[handle][0]
             return None
-        used = self._used.setdefault(scope, set())
-        base = py_name(fn.name)
+        used = self._used.setdefault(self._name_scope(fn), set())
+        base = self._base_name(fn)
         name, n = base, 2
         while name in used:
             name, n = f"{base}_{n}", n + 1
@@ -152,3 +163,13 @@ class FunctionNamer:
         where = comment[comment.rfind("  ("):] if "  (" in comment else ""
         lines[1] = f"{source}, one definition for {shared} instantiations{where}"
         return "\n".join(lines)
+
+
+def import_generated(path: Path, module_name: str):
+    """Import a generated source file under `module_name`, registered in `sys.modules` so
+    that tools which look modules up by name (pickling, jax's tracebacks) find it."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module

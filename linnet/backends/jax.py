@@ -1,0 +1,256 @@
+"""Lowered program -> readable JAX source: pure functions over a params pytree.
+
+There are no classes.  Each block method becomes a module-level function named
+`<Block>_<method>` whose first argument, `params`, is that block's slice of the parameter
+tree; each free function keeps its Linnet name.  The tree is nested dicts keyed by Linnet
+names, with sub-block arrays as lists, so `params["layers"][3]["up"]["weight"]` is the param
+`layers.3.up.weight` of `ctx.tensors("flax")`.  Sub-blocks are called with their slice
+(`Embeddings_forward(params["embeddings"], ...)`) and `static for` is a Python loop over
+the list, unrolled when traced.  Shapes are never stored: a function reads the dims it needs
+from its inputs, so one source serves every (B, S), and a method body that does not mention
+its instantiation's sizes (`Linear_forward`) is written once for all of them.
+
+Every statement carries a `# file:line` comment.  A few std functions are replaced by the
+JAX function that computes the same thing (`jax.nn.gelu(approximate=False)` for the exact
+erf form, `jnp.take`, ...); attention and layer norm are emitted from their Linnet bodies,
+which are already the explicit jnp ops XLA fuses.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import ir
+from ..diagnostics import InternalError
+from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_float,
+                       py_name)
+
+JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
+              "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
+              "u8": "jnp.uint8", "bool": "jnp.bool_"}
+
+#: The name of every function's parameter-tree argument (reserved in pysource, so no Linnet
+#: name can take it).
+PARAMS = "params"
+
+# Precedence for parenthesising: atoms/calls bind tightest.
+_ATOM, _UNARY, _MUL, _ADD, _CMP = 5, 4, 3, 2, 1
+_BINARY = {"add": ("+", _ADD), "sub": ("-", _ADD), "mul": ("*", _MUL), "div": ("/", _MUL), "matmul": ("@", _MUL),
+           "less": ("<", _CMP), "greater": (">", _CMP), "equal": ("==", _CMP)}
+_UNARY_FUNCS = {"erf": "lax.erf", "tanh": "jnp.tanh", "exp": "jnp.exp", "log": "jnp.log",
+                "sqrt": "jnp.sqrt", "rsqrt": "lax.rsqrt", "sigmoid": "jax.nn.sigmoid"}
+_REDUCTIONS = {"sum": "jnp.sum", "mean": "jnp.mean", "max": "jnp.max"}
+
+
+#: std function (checked key) -> template over the emitted parameter names.  Each computes
+#: exactly what the Linnet body does.  Attention and layer_norm are not here: their bodies
+#: are already plain jnp expressions, and jax has no fused layer norm to call.
+FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
+    "std.nn.activations::gelu_erf": lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=False)",
+    "std.nn.activations::gelu": lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=True)",
+    "std.nn.activations::relu": lambda fn, a: f"jax.nn.relu({a[0]})",
+    "std.nn.activations::silu": lambda fn, a: f"jax.nn.silu({a[0]})",
+    "std.nn.embedding::embedding": lambda fn, a: f"jnp.take({a[1]}, {a[0]}, axis=0)",
+    "std.nn.linear::Linear.forward": lambda fn, a: f'{a[0]} @ {PARAMS}["weight"].T + {PARAMS}["bias"]',
+}
+
+
+class JaxEmitter:
+    def __init__(self, program: ir.Program, fused: bool = True):
+        self.program = program
+        self.fused = fused
+        blocks = program.blocks
+        # Names are module-wide; folding is per block *source*, so the three Linear
+        # instantiations of BERT share one `Linear_forward` when their bodies print alike.
+        self.namer = FunctionNamer(
+            base_name=lambda fn: py_name(f"{blocks[fn.block].name}_{fn.name}" if fn.block else fn.name),
+            fold_scope=lambda fn: blocks[fn.block].source if fn.block else "",
+            name_scope=lambda fn: "")
+
+    # ----------------------------------------------------------------- module
+    def emit(self, title: str = "JAX functions") -> str:
+        files = sorted({f.span.file for f in self.program.functions.values()})
+        lines = header(self.program, title, files)
+        lines += ["# Pure functions: `params` is the block's slice of the parameter tree (nested dicts by",
+                  "# Linnet name, sub-block arrays as lists); dims are read from the inputs' shapes.",
+                  "", "import jax", "import jax.numpy as jnp", "from jax import lax", ""]
+        handles: list[int] = []
+        for fn_id in emission_order(self.program):
+            fn = self.program.functions[fn_id]
+            handle = self.namer.assign(fn, self._function(fn))
+            if handle is not None:
+                handles.append(handle)
+        for handle in handles:
+            lines += ["", self.namer.text(handle), ""]
+        lines += ["", "#: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and",
+                  "#: jax.export apply to it directly.", "ENTRIES = {"]
+        for name, entry in self.program.entries.items():
+            lines.append(f'    "{name}": {self.namer.names[entry.function]},')
+        lines.append("}")
+        text = "\n".join(lines).rstrip() + "\n"
+        defined = re.findall(r"^def (\w+)\(", text, flags=re.M)
+        if len(defined) != len(set(defined)):
+            raise InternalError(f"JAX emitter: two functions got the same name: {sorted(defined)}")
+        return text
+
+    # -------------------------------------------------------------- functions
+    def _function(self, fn: ir.Function) -> str:
+        params = [py_name(name) for name, _ in fn.params]
+        signature = ", ".join(([PARAMS] if fn.block else []) + params)
+        where = f"{fn.span.file}:{fn.span.line}"
+        lines = [f"def {PLACEHOLDER}({signature}):",
+                 f"    # {fn.source}<{comment_generics(fn.generics)}>  ({where})"]
+        template = FUSED.get(fn.source) if self.fused else None
+        if template is not None:
+            args = [py_name(name) if t is not None else "None" for name, t in fn.params]
+            lines.append(f"    return {template(fn, args)}  # fused form of {fn.source}")
+            return "\n".join(lines)
+        body = self._stmts(fn.body, fn, 1, loop_vars=frozenset())
+        used = "\n".join(body)
+        for dim, (param, axis) in sorted(fn.dim_sources.items()):
+            if _mentions(used, dim):
+                lines.append(f"    {dim} = {py_name(param)}.shape[{axis}]")
+        return "\n".join(lines + body)
+
+    def _stmts(self, stmts, fn: ir.Function, depth: int, loop_vars: frozenset[str]) -> list[str]:
+        pad = "    " * depth
+        out: list[str] = []
+        for stmt in stmts:
+            where = f"  # {fn.span.file}:{stmt.line}"
+            if isinstance(stmt, ir.Loop):
+                # Unrolled at trace time: one copy of the body per element of the sub array.
+                out.append(f'{pad}for {py_name(stmt.var)} in {PARAMS}["{stmt.member}"]:{where}')
+                out += self._stmts(stmt.body, fn, depth + 1, loop_vars | {stmt.var})
+            elif isinstance(stmt, ir.Return):
+                out.append(f"{pad}return {self._expr(stmt.value, loop_vars)[0]}{where}")
+            else:
+                out.append(f"{pad}{py_name(stmt.name)} = {self._expr(stmt.value, loop_vars)[0]}{where}")
+        return out
+
+    # ------------------------------------------------------------ expressions
+    def _expr(self, e: ir.Expr, loops: frozenset[str]) -> tuple[str, int]:
+        if isinstance(e, ir.Ref):
+            return py_name(e.name), _ATOM
+        if isinstance(e, ir.ParamRef):
+            return f'{PARAMS}["{e.name}"]', _ATOM
+        if isinstance(e, ir.Scalar):
+            text = py_float(e.value)
+            return text, _UNARY if text.startswith("-") else _ATOM
+        if isinstance(e, ir.DimValue):
+            text = py_dim(e.expr)
+            return (text, _ATOM) if e.expr.as_int() is not None or text.isidentifier() else (f"({text})", _ATOM)
+        if isinstance(e, ir.Absent):
+            return "None", _ATOM
+        if isinstance(e, ir.Call):
+            return self._call(e, loops), _ATOM
+        return self._op(e, loops)
+
+    def _arg(self, e: ir.Expr, loops, min_prec: int) -> str:
+        text, prec = self._expr(e, loops)
+        return f"({text})" if prec < min_prec else text
+
+    def _call(self, e: ir.Call, loops: frozenset[str]) -> str:
+        args = [self._expr(a, loops)[0] for a in e.args]
+        name = self.namer.names[e.function]
+        if e.receiver is not None:
+            # The callee's params: ours for a sibling method, a loop variable's element of a
+            # sub array, else the sub-block's slice of our tree.
+            if e.receiver == "self":
+                args.insert(0, PARAMS)
+            elif e.receiver in loops:
+                args.insert(0, py_name(e.receiver))
+            else:
+                args.insert(0, f'{PARAMS}["{e.receiver}"]')
+        return f"{name}({', '.join(args)})"
+
+    def _op(self, e: ir.Op, loops) -> tuple[str, int]:
+        op, args = e.op, e.args
+        if op in _BINARY:
+            symbol, prec = _BINARY[op]
+            left = self._arg(args[0], loops, prec)
+            right = self._arg(args[1], loops, prec + 1)  # left-associative
+            return f"{left} {symbol} {right}", prec
+        if op == "neg":
+            return f"-{self._arg(args[0], loops, _UNARY)}", _UNARY
+        if op in _UNARY_FUNCS:
+            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], loops)[0]})", _ATOM
+        a = [self._expr(x, loops)[0] for x in args]
+        x = self._arg(args[0], loops, _ATOM) if args else ""
+        if op in ("maximum", "minimum"):
+            return f"jnp.{op}({a[0]}, {a[1]})", _ATOM
+        if op == "select":
+            return f"jnp.where({a[0]}, {a[1]}, {a[2]})", _ATOM
+        if op == "transpose":
+            return f"jnp.swapaxes({a[0]}, -2, -1)", _ATOM
+        if op == "softmax":
+            return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", _ATOM
+        if op in _REDUCTIONS:
+            return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", _ATOM
+        if op == "take":
+            # Rows of the table along its first axis, whatever its rank (torch: `table[ids]`).
+            return f"jnp.take({a[0]}, {a[1]}, axis=0)", _ATOM
+        if op == "reshape":
+            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape'))})", _ATOM
+        if op == "permute":
+            perm = e.attr("perm")
+            axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
+            return f"jnp.transpose({a[0]}, {axes})", _ATOM
+        if op == "iota":
+            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={JAX_DTYPES[e.attr('dtype')]})", _ATOM
+        if op == "cast":
+            if isinstance(args[0], ir.DimValue):
+                return f"jnp.asarray({a[0]}, dtype={JAX_DTYPES[e.attr('dtype')]})", _ATOM
+            return f"{x}.astype({JAX_DTYPES[e.attr('dtype')]})", _ATOM
+        if op == "index":
+            return f"{x}[{', '.join(_index_item(i) for i in e.attr('items'))}]", _ATOM
+        raise NotImplementedError(f"the JAX backend has no template for `{op}`")
+
+
+def _index_item(item) -> str:
+    if item[0] == "index":
+        return py_dim(item[1])
+    _, start, stop = item
+    lo = "" if start.as_int() == 0 else py_dim(start)
+    hi = "" if stop is None else py_dim(stop)
+    return f"{lo}:{hi}"
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"(?<![\w.\"]){re.escape(name)}(?![\w\"])", text) is not None
+
+
+# --------------------------------------------------------------------- params tree
+
+
+def params_tree(program: ir.Program, leaves: Mapping[str, Any] | Callable[[str, ir.TensorType], Any]) -> dict:
+    """The nested parameter tree the generated functions take.
+
+    `leaves` maps each dotted param path (`layers.3.up.weight`, as `ctx.tensors` returns
+    them) to its array, or is a function (path, type) -> leaf, e.g. a `ShapeDtypeStruct`
+    for export.  Sub-block arrays become lists, so the loop in the source is a Python loop.
+    """
+    leaf = leaves if callable(leaves) else (lambda path, _t: leaves[path])
+
+    def walk(block_id: str, prefix: str) -> dict:
+        block = program.blocks[block_id]
+        node: dict[str, Any] = {name: leaf(prefix + name, t) for name, t in block.params}
+        for sub in block.subs:
+            if sub.count is None:
+                node[sub.name] = walk(sub.block, f"{prefix}{sub.name}.")
+            else:
+                node[sub.name] = [walk(sub.block, f"{prefix}{sub.name}.{i}.") for i in range(sub.count)]
+        return node
+
+    return walk(program.root, "")
+
+
+def emit(program: ir.Program, fused: bool = True, title: str = "JAX functions") -> str:
+    return JaxEmitter(program, fused).emit(title)
+
+
+def write(program: ir.Program, out_dir: Path, fused: bool = True, title: str = "JAX functions") -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.py"
+    path.write_text(emit(program, fused, title), encoding="utf-8")
+    return path

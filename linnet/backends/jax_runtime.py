@@ -1,0 +1,105 @@
+"""Running generated JAX source: import it, build the params tree, `jax.jit` each entry.
+
+The source is written to the on-disk cache and imported from there (tracebacks show its
+lines and their `# file:line` comments).  The checkpoint's arrays are read once through
+`ctx.tensors("flax")` and arranged into the nested tree the functions take; they are passed
+to the jitted entry as an argument, not closed over, so XLA does not fold 440 MB of
+constants into each compiled program.
+
+What recompiles: `jax.jit` traces and compiles once per distinct input shape and dtype.
+Every new (B, S) costs one compilation (seconds for bert-base on a small CPU); calls at a
+(B, S) seen before reuse it.  Callers that see many lengths should pad to a few buckets, or
+use the "stablehlo" backend, which exports once with symbolic B and S (it still compiles
+per shape, but never traces the Python again).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .. import ir
+from ..diagnostics import Diagnostic, LinnetError
+from . import LoadContext
+from .pysource import import_generated
+
+#: Keyword arguments of `nest.load` this backend takes.
+OPTIONS = ()
+
+_GPU_NAMES = ("gpu", "cuda")
+
+
+def resolve_device(device, backend: str = "jax"):
+    """`None`/"cpu" -> the first CPU device; "gpu"/"cuda" (optionally ":N") -> that GPU when
+    jax sees one; a `jax.Device` as is.  Anything else is E0801."""
+    import jax
+
+    if device is None:
+        return jax.devices("cpu")[0]
+    if isinstance(device, jax.Device):
+        return device
+    if not isinstance(device, str):
+        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: the {backend} backend takes "
+                                     "'cpu', 'gpu' or 'cuda' (optionally ':N'), or a jax.Device"))
+    kind, _, index = device.lower().partition(":")
+    if kind not in ("cpu",) + _GPU_NAMES or (index and not index.isdigit()):
+        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: the {backend} backend takes "
+                                     "'cpu', 'gpu' or 'cuda' (optionally ':N'), or a jax.Device"))
+    platform = "gpu" if kind in _GPU_NAMES else "cpu"
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:  # jax raises when no backend of that platform is installed
+        devices = []
+    if not devices:
+        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but jax sees no {platform.upper()} "
+                                     f"(its devices: {', '.join(str(d) for d in jax.devices())})"))
+    n = int(index or 0)
+    if n >= len(devices):
+        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but jax sees {len(devices)} "
+                                     f"{platform.upper()} device(s)"))
+    return devices[n]
+
+
+class JaxRuntime:
+    backend = "jax"
+
+    def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict, *, device=None):
+        import jax
+
+        from .jax import params_tree
+
+        self.program = program
+        self.device = resolve_device(device)
+        self.module = import_generated(source_path, module_name)
+        self.params = jax.device_put(params_tree(program, tensors), self.device)
+        self._entries = {name: jax.jit(self.module.ENTRIES[name]) for name in program.entries}
+
+    def run(self, entry: str, inputs: list[np.ndarray]):
+        """The entry's result as a `jax.Array`; the first call per input shape compiles."""
+        import jax
+
+        arrays = [jax.device_put(a, self.device) for a in inputs]
+        return self._entries[entry](self.params, *arrays)
+
+
+def generated_source(ctx: LoadContext) -> Path:
+    """The entry's JAX source, emitted once per cache key."""
+    from .jax import emit
+
+    title = f"{ctx.name}, JAX"
+    return ctx.cached("jax", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
+
+
+def open_runtime(ctx: LoadContext, *, device=None) -> JaxRuntime:
+    resolve_device(device)  # before reading any weights
+    source = generated_source(ctx)
+    runtime = JaxRuntime(ctx.program, source, f"linnet_generated_jax_{source.stem.replace('-', '_')}",
+                         ctx.tensors("flax"), device=device)
+    runtime.generated = source
+    return runtime
+
+
+def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
+    from .jax import write
+
+    return [write(ctx.program, out_dir, title=f"{ctx.name}, JAX")]

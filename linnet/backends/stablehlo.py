@@ -1,0 +1,243 @@
+"""Lowered program -> StableHLO artifact: each entry exported once with symbolic dims.
+
+The generated JAX functions (`linnet.backends.jax`) are exported with `jax.export`:
+
+* the params tree is the *first* argument, described by `ShapeDtypeStruct`s, so the
+  artifact holds no weights (bert-base's 440 MB stay in the checkpoint) and one export
+  serves any checkpoint of the same shapes;
+* the entry's own dims (B, S) are symbolic (`jax.export.symbolic_shape`), so one export
+  serves every (B, S); the consumer still compiles once per concrete shape;
+* the entry's `where` preconditions become symbolic constraints (`S <= 512`).  jax uses
+  them while exporting and also writes each as a shape assertion into the module, so the
+  artifact itself refuses S = 600 when it is called, with no Linnet code involved.
+
+Layout of an artifact folder (see `write_artifact`):
+
+    <entry>.jax_export   jax.export serialization (load with jax.export.deserialize)
+    <entry>.mlir         the same module as StableHLO text, for people to read
+    signature.json       inputs, dims, preconditions, params in pytree order, versions
+    model.py             the JAX source the entries were exported from
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, ir
+from ..diagnostics import Diagnostic, InternalError, LinnetError
+from ..dims import DimExpr, FloorDiv, Mod, Sym
+
+#: The platforms each entry is lowered for: the artifact runs on CPU and on CUDA GPUs.
+PLATFORMS = ("cpu", "cuda")
+
+#: Linnet dtype -> numpy/jax dtype name, as written into signature.json.
+DTYPE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
+               "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
+
+FORMAT = "linnet-stablehlo/1"
+
+
+# ---------------------------------------------------------------- dims and constraints
+
+
+def jax_dim(d: DimExpr) -> str:
+    """A dim in the syntax `jax.export.symbolic_shape` parses (`floordiv`, `mod`, `*`)."""
+    value = d.as_int()
+    if value is not None:
+        return str(value)
+    pieces: list[str] = []
+    for monomial, coeff in d.terms:
+        factors = [_jax_atom(atom) for atom, power in monomial for _ in range(power)]
+        if abs(coeff) != 1 or not factors:
+            factors.insert(0, str(abs(coeff)))
+        term = "*".join(factors)
+        if not pieces:
+            pieces.append(term if coeff > 0 else f"0 - {term}")
+        else:
+            pieces.append(f"{'+' if coeff > 0 else '-'} {term}")
+    return " ".join(pieces)
+
+
+def _jax_atom(atom) -> str:
+    if isinstance(atom, Sym):
+        return atom.name
+    if isinstance(atom, FloorDiv):
+        return f"floordiv({jax_dim(atom.num)}, {jax_dim(atom.den)})"
+    if isinstance(atom, Mod):
+        return f"mod({jax_dim(atom.num)}, {jax_dim(atom.den)})"
+    raise InternalError(f"unknown dim atom {atom!r}")
+
+
+def _constraint(left: DimExpr, op: str, right: DimExpr) -> str | None:
+    """A precondition as a jax.export constraint; jax takes `>=`, `<=` and `==` only, so
+    strict comparisons move by one (dims are integers) and `!=` has no form."""
+    lhs, rhs = jax_dim(left), jax_dim(right)
+    return {"<=": f"{lhs} <= {rhs}", ">=": f"{lhs} >= {rhs}", "==": f"{lhs} == {rhs}",
+            "<": f"{lhs} <= {jax_dim(right - 1)}", ">": f"{lhs} >= {jax_dim(right + 1)}"}.get(op)
+
+
+def preconditions(entry: ir.Entry) -> list[dict[str, Any]]:
+    """Each `where` clause of the entry: its text, the jax constraint for it (or None), and
+    whether jax accepted it into the export."""
+    from jax import export as jax_export
+
+    out = []
+    for left, op, right, span in entry.preconditions:
+        if not (left.free_symbols() | right.free_symbols()):
+            continue  # decided when the program was checked
+        constraint = _constraint(left, op, right)
+        if constraint is not None:
+            try:
+                jax_export.SymbolicScope([constraint])
+            except ValueError:  # a form jax's constraint language does not take
+                constraint = None
+        out.append({"where": f"{left} {op} {right}", "constraint": constraint, "in_artifact": constraint is not None,
+                    "source": f"{span.file}:{span.line}" if span else None})
+    return out
+
+
+# ---------------------------------------------------------------------------- specs
+
+
+def param_specs(program: ir.Program) -> dict:
+    """The params tree as `jax.ShapeDtypeStruct`s (every param shape is concrete)."""
+    import jax
+    import jax.numpy as jnp
+
+    from .jax import params_tree
+
+    def leaf(path: str, t: ir.TensorType):
+        shape = tuple(d.as_int() for d in t.dims)
+        if None in shape:
+            raise InternalError(f"param {path} has a symbolic shape {t}")
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPE_NAMES[t.dtype]))
+
+    return params_tree(program, leaf)
+
+
+def input_specs(entry: ir.Entry, constraints: list[str]) -> list:
+    """The entry's inputs with its dims symbolic, all in one scope that holds the constraints."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export as jax_export
+
+    scope = jax_export.SymbolicScope(constraints)
+    specs = []
+    for _, t in entry.inputs:
+        shape = jax_export.symbolic_shape(", ".join(jax_dim(d) for d in t.dims), scope=scope) if t.dims else ()
+        specs.append(jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPE_NAMES[t.dtype])))
+    return specs
+
+
+def param_paths_in_tree_order(tree) -> list[str]:
+    """Dotted param paths in the order jax flattens the tree (dict keys sorted, lists in order)."""
+    import jax
+
+    def part(key) -> str:
+        return str(key.key) if hasattr(key, "key") else str(key.idx)
+
+    return [".".join(part(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_entry(program: ir.Program, function, entry_name: str):
+    """`jax.export` of one entry: `function(params, *inputs)` with symbolic dims."""
+    import jax
+    from jax import export as jax_export
+
+    entry = program.entries[entry_name]
+    constraints = [p["constraint"] for p in preconditions(entry) if p["constraint"] is not None]
+    try:
+        return jax_export.export(jax.jit(function), platforms=PLATFORMS)(
+            param_specs(program), *input_specs(entry, constraints))
+    except Exception as exc:  # noqa: BLE001 - jax raises many kinds; all mean "cannot export"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LinnetError(Diagnostic("E0821", f"entry `{entry_name}` cannot be exported to StableHLO with "
+                                     f"symbolic dims {', '.join(entry.dims)}: {reason}")) from None
+
+
+def write_artifact(ctx, out_dir: Path) -> list[Path]:
+    """Export every entry of `ctx.program` into `out_dir`; the files written."""
+    import jax
+
+    from .jax import emit
+    from .pysource import import_generated
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    program = ctx.program
+    source = out_dir / "model.py"
+    source.write_text(emit(program, title=f"{ctx.name}, JAX (exported to StableHLO)"), encoding="utf-8")
+    module = import_generated(source, "linnet_stablehlo_export_" + re.sub(r"\W", "_", str(out_dir)))
+    written = [source]
+    entries: dict[str, Any] = {}
+    for name, entry in program.entries.items():
+        started = time.perf_counter()
+        exported = export_entry(program, module.ENTRIES[name], name)
+        seconds = time.perf_counter() - started
+        blob = out_dir / f"{name}.jax_export"
+        blob.write_bytes(exported.serialize())
+        text = out_dir / f"{name}.mlir"
+        text.write_text(f"// Linnet {__version__}: {ctx.name}, entry `{name}`, exported by jax {jax.__version__}.\n"
+                        f"// Call: {name}(params, {', '.join(n for n, _ in entry.inputs)}); see signature.json.\n"
+                        + exported.mlir_module(), encoding="utf-8")
+        written += [blob, text]
+        entries[name] = {
+            "file": blob.name, "mlir": text.name, "dims": list(entry.dims),
+            "inputs": [{"name": n, "dtype": DTYPE_NAMES[t.dtype], "dims": [_dim_json(d) for d in t.dims]}
+                       for n, t in entry.inputs],
+            "result": {"name": ctx.output_name(name), "dtype": DTYPE_NAMES[entry.result.dtype],
+                       "dims": [_dim_json(d) for d in entry.result.dims]},
+            "preconditions": preconditions(entry),
+            "export_seconds": round(seconds, 3),
+        }
+    signature = out_dir / "signature.json"
+    signature.write_text(json.dumps(_signature(ctx, entries), indent=2) + "\n", encoding="utf-8")
+    return written + [signature]
+
+
+def _dim_json(d: DimExpr):
+    value = d.as_int()
+    return value if value is not None else str(d)
+
+
+def _signature(ctx, entries: dict) -> dict:
+    import jax
+
+    program = ctx.program
+    types = dict(program.param_paths())
+    keys = _checkpoint_keys(ctx)
+    params = []
+    for path in param_paths_in_tree_order(param_specs(program)):
+        t = types[path]
+        record = {"path": path, "shape": [d.as_int() for d in t.dims], "dtype": DTYPE_NAMES[t.dtype]}
+        if path in keys:
+            record["checkpoint_key"] = keys[path]
+        params.append(record)
+    return {
+        "format": FORMAT,
+        "model": ctx.name,
+        "linnet": __version__,
+        "jax": jax.__version__,
+        "platforms": list(PLATFORMS),
+        "call": "jax.export.deserialize(<entry>.jax_export).call(params, *inputs)",
+        "params_tree": "nested dicts keyed by the parts of each dotted `path`; a part that is a number indexes "
+                       "a list (a sub-block array); `params` below is in the tree's flattening order",
+        "entries": entries,
+        "params": params,
+    }
+
+
+def _checkpoint_keys(ctx) -> dict[str, str]:
+    """Param path -> checkpoint key from the entry's bindings.json, when it has one (no weights read)."""
+    manifest = ctx.manifest
+    if manifest is None or manifest.weights is None or manifest.weights.bindings is None:
+        return {}
+    from ..nest.weights import load_bindings
+
+    return dict(load_bindings(manifest.weights.bindings))

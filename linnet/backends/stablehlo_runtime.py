@@ -1,0 +1,140 @@
+"""Running the StableHLO artifact: export once (cached on disk), deserialize, call.
+
+`open_runtime` exports every entry into a cache folder keyed by the Linnet sources, the
+generics, the Linnet version and the jax version; later loads only deserialize.  Calls go
+through `jax.export.Exported.call(params, *inputs)`, which never traces the Python again;
+it is wrapped in `jax.jit` so each concrete (B, S) is compiled once and reused.
+
+The artifact checks the entry's `where` preconditions itself (see `stablehlo.py`), but
+jax reports a failed check as "Error refining shapes", with the useful text two causes
+down.  So `run` checks the preconditions first and names the `where` clause (E0702, as
+the Model API does), and turns any other shape assertion from the artifact into E0820
+quoting jax's own explanation.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import ir
+from ..diagnostics import Diagnostic, LinnetError, Note
+from ..dims import DimError
+from . import LoadContext
+from .jax_runtime import resolve_device
+
+log = logging.getLogger("linnet.backends.stablehlo")
+
+#: Keyword arguments of `nest.load` this backend takes.
+OPTIONS = ()
+
+_COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
+            "!=": np.not_equal}
+
+
+class StableHloRuntime:
+    backend = "stablehlo"
+
+    def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None):
+        import jax
+        from jax import export as jax_export
+
+        from .jax import params_tree
+
+        self.program = program
+        self.folder = folder
+        self.device = resolve_device(device, "stablehlo")
+        self.signature = json.loads((folder / "signature.json").read_text(encoding="utf-8"))
+        self.exported = {name: jax_export.deserialize(bytearray((folder / f"{name}.jax_export").read_bytes()))
+                         for name in program.entries}
+        platform = "cuda" if self.device.platform == "gpu" else self.device.platform
+        for name, exported in self.exported.items():
+            if platform not in exported.platforms:
+                raise LinnetError(Diagnostic("E0801", f"the StableHLO artifact of `{name}` was exported for "
+                                             f"{', '.join(exported.platforms)}, not for {platform}"))
+        self.params = jax.device_put(params_tree(program, tensors), self.device)
+        self._calls = {name: jax.jit(exported.call) for name, exported in self.exported.items()}
+
+    def run(self, entry: str, inputs: list[np.ndarray]):
+        """The entry's result as a `jax.Array`; the first call per input shape compiles."""
+        import jax
+
+        self._check_preconditions(entry, inputs)
+        arrays = [jax.device_put(a, self.device) for a in inputs]
+        try:
+            return self._calls[entry](self.params, *arrays)
+        except Exception as exc:  # noqa: BLE001 - only shape assertions are translated
+            reason = shape_assertion_message(exc)
+            if reason is None:
+                raise
+            raise LinnetError(Diagnostic("E0820", f"the StableHLO artifact of `{entry}` refused inputs of shapes "
+                                         f"{', '.join(str(tuple(a.shape)) for a in inputs)}: {reason}")) from None
+
+    def _check_preconditions(self, entry_name: str, inputs: list[np.ndarray]) -> None:
+        entry = self.program.entries[entry_name]
+        names = [n for n, _ in entry.inputs]
+        dims = {}
+        for dim, (param, axis) in entry.dim_sources.items():
+            array = inputs[names.index(param)]
+            if axis < array.ndim:
+                dims[dim] = int(array.shape[axis])
+        for left, op, right, span in entry.preconditions:
+            try:
+                ok = _COMPARE[op](left.evaluate(dims), right.evaluate(dims))
+            except DimError:
+                continue  # a dim missing from a malformed input: the artifact's own check reports it
+            if not ok:
+                values = ", ".join(f"{d} = {dims[d]}" for d in sorted(left.free_symbols() | right.free_symbols()))
+                raise LinnetError(Diagnostic("E0702", f"`{entry_name}` requires {left} {op} {right}, but {values}",
+                                             span, (Note("declared by this `where` clause; the exported artifact "
+                                                         "carries the same check"),)))
+
+
+def shape_assertion_message(exc: BaseException) -> str | None:
+    """jax's explanation of a failed shape assertion, found along the exception's causes."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        marker = text.find("Input shapes do not match")
+        if marker >= 0:
+            explanation = text[marker:].split(" Using the following", 1)[0].split("\n", 1)[0]
+            return explanation.strip()
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
+    """The entry's artifact folder, exported once per cache key; and the export's seconds
+    when this call did it (None when it came from the cache)."""
+    import jax
+
+    from .stablehlo import PLATFORMS, write_artifact
+
+    spent: list[float] = []
+
+    def write(path: Path) -> None:
+        started = time.perf_counter()
+        write_artifact(ctx, path)
+        spent.append(time.perf_counter() - started)
+        log.info("exported %s to StableHLO in %.1f s", ctx.name, spent[-1])
+
+    folder = ctx.cached("stablehlo", "", write, options={"jax": jax.__version__, "platforms": PLATFORMS})
+    return folder, (spent[0] if spent else None)
+
+
+def open_runtime(ctx: LoadContext, *, device=None) -> StableHloRuntime:
+    resolve_device(device, "stablehlo")  # before exporting or reading any weights
+    folder, seconds = artifact(ctx)
+    runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device)
+    runtime.generated = folder
+    runtime.export_seconds = seconds
+    return runtime
+
+
+def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
+    from .stablehlo import write_artifact
+
+    return write_artifact(ctx, Path(out_dir))
