@@ -68,12 +68,11 @@ def _load_minilm():
     return nest.load("all-minilm-l6-v2", backend="torch", weights=folder), f"{folder}"
 
 
-def embed(model, tokenizer, sentence: str):
-    """Mean of the token vectors, L2-normalised: what sentence-transformers computes."""
-    encoding = tokenizer.encode(sentence)
-    hidden = model([encoding.ids], [encoding.type_ids])[0]
-    pooled = hidden.mean(dim=0)
-    return pooled / pooled.norm()
+def embed_all(model, tokenizer, sentences: list[str]):
+    """One padded batch through the `embed` entry (mask-aware mean, then L2 norm)."""
+    encodings = tokenizer.encode_batch(sentences)
+    return model.embed([e.ids for e in encodings], [e.type_ids for e in encodings],
+                       attention_mask=[e.attention_mask for e in encodings])
 
 
 def run() -> int:
@@ -92,8 +91,8 @@ def run() -> int:
         packaged = _packaged_minilm()
         tokenizer_file = packaged / "tokenizer.json" if packaged else tokenizer_file
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    tokenizer.no_padding()  # one sentence per call: padding would be attended to (no mask yet)
-    vectors = [embed(model, tokenizer, s) for s in SENTENCES]
+    tokenizer.enable_padding()  # one batch; the attention mask keeps the padding out
+    vectors = embed_all(model, tokenizer, SENTENCES)
     print("\nCosine similarity of the sentences:")
     for i, sentence in enumerate(SENTENCES):
         row = "  ".join(f"{float(vectors[i] @ v):5.2f}" for v in vectors)

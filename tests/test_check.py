@@ -431,3 +431,77 @@ block Inner<D: Dim> {
     assert found == [("E0505", 4), ("E0505", 7), ("E0505", 8)]  # source order, each once
     assert "layers.0.a" in info.value.diagnostics[1].message
     assert "[-1]" in info.value.diagnostics[1].message
+
+
+# ------------------------------------------------------------- masks and defaults
+
+
+MASKED = """
+use std.nn.attention::{attention}
+
+fn causal<B: Dim, H: Dim, S: Dim, Dh: Dim>(q: Tensor[B, H, S, Dh; f32], mask: Tensor[S, S; f32])
+    -> Tensor[B, H, S, Dh; f32] {
+    return attention(q, q, q, 0.125, some(mask))
+}
+
+fn padded<B: Dim, H: Dim, S: Dim, Dh: Dim>(q: Tensor[B, H, S, Dh; f32], mask: Tensor[B, 1, 1, S; f32])
+    -> Tensor[B, H, S, Dh; f32] {
+    return attention(q, q, q, 0.125, some(mask))
+}
+
+fn full<B: Dim, H: Dim, S: Dim, Dh: Dim>(q: Tensor[B, H, S, Dh; f32], mask: Tensor[B, H, S, S; f32])
+    -> Tensor[B, H, S, Dh; f32] {
+    return attention(q, q, q, 0.125, some(mask))
+}
+"""
+
+
+def test_attention_takes_any_mask_that_broadcasts_to_the_scores(tmp_path):
+    checked = check_source(tmp_path, MASKED)
+    for name in ("causal", "padded", "full"):
+        assert str(result_type(checked, f"prog::{name}")) == "Tensor[B, H, S, Dh; f32]"
+
+
+@pytest.mark.parametrize("mask,code", [
+    ("Tensor[S, 5; f32]", "E0402"),  # 5 vs K = S: true only when S is 5
+    ("Tensor[B, 2, 1, 1, S; f32]", "E0401"),  # more axes than the scores
+    ("Tensor[B, 3, 1, S; f32]", "E0401"),  # 3 heads is neither 1 nor 4
+    ("Tensor[B, 1, 1, S; f16]", "E0306"),  # the scores are f32
+])
+def test_attention_refuses_masks_that_do_not_fit(tmp_path, mask, code):
+    source = f"""
+use std.nn.attention::{{attention}}
+
+fn bad<B: Dim, S: Dim>(q: Tensor[B, 4, S, 8; f32], mask: {mask}) -> Tensor[B, 4, S, 8; f32] {{
+    return attention(q, q, q, 0.125, some(mask))
+}}
+"""
+    error = check_fails(tmp_path, source)
+    assert [d.code for d in error.diagnostics] == [code]
+    assert "attention" in str(error)
+
+
+def test_entry_defaults_are_recorded(tmp_path):
+    checked = check_source(tmp_path, """
+block M<D: Dim> {
+    param w: Tensor[D; f32]
+    entry forward<B: Dim>(x: Tensor[B, D; f32], scale: Tensor[B, D; f32] = ones, shift: Tensor[B, D; f32] = zeros)
+        -> Tensor[B, D; f32] {
+        return x * scale + shift
+    }
+}
+""")
+    assert checked.functions["prog::M.forward"].defaults == {"scale": 1, "shift": 0}
+
+
+def test_a_defaulted_input_cannot_be_the_only_source_of_a_dim(tmp_path):
+    error = check_fails(tmp_path, """
+block M<D: Dim> {
+    param w: Tensor[D; f32]
+    entry forward<B: Dim, S: Dim>(x: Tensor[B, D; f32], mask: Tensor[B, S; i32] = ones) -> Tensor[B, D; f32] {
+        return x
+    }
+}
+""")
+    assert [d.code for d in error.diagnostics] == ["E0210"]
+    assert "without a default" in str(error)

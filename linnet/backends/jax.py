@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 from .. import ir
 from ..diagnostics import InternalError
-from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_float,
-                       py_name)
+from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_name,
+                       py_scalar)
 
 JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
               "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
@@ -135,7 +135,7 @@ class JaxEmitter:
         if isinstance(e, ir.ParamRef):
             return f'{PARAMS}["{e.name}"]', _ATOM
         if isinstance(e, ir.Scalar):
-            text = py_float(e.value)
+            text = py_scalar(e)
             return text, _UNARY if text.startswith("-") else _ATOM
         if isinstance(e, ir.DimValue):
             text = py_dim(e.expr)
@@ -185,6 +185,8 @@ class JaxEmitter:
             return f"jnp.swapaxes({a[0]}, -2, -1)", _ATOM
         if op == "softmax":
             return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", _ATOM
+        if op == "cumsum":  # the declared dtype, so an int32 running count stays int32
+            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={JAX_DTYPES[e.type.dtype]})", _ATOM
         if op in _REDUCTIONS:
             return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", _ATOM
         if op == "take":
