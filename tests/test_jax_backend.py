@@ -180,7 +180,7 @@ def test_backend_takes_no_options(minilm_checkpoint):
 def test_cli_build_writes_jax_source(tmp_path, capsys):
     assert cli_main(["build", "all-minilm-l6-v2", "--backend", "jax", "-o", str(tmp_path)]) == 0
     source = (tmp_path / "model.py").read_text()
-    assert "def Model_forward(params, tokens, token_types):" in source
+    assert "def Model_forward(params, tokens, token_types, attention_mask):" in source
     assert f"wrote {tmp_path / 'model.py'}" in capsys.readouterr().out
     compile(source, "model.py", "exec")
 
@@ -188,7 +188,6 @@ def test_cli_build_writes_jax_source(tmp_path, capsys):
 # ------------------------------------------------------------------- every primitive
 
 # A model that uses every primitive and std function the emitters have templates for.
-# (`select` is left out: the checker refuses `select(bool, T, T)` today.)
 ALL_OPS = """
 module allops
 
@@ -210,7 +209,8 @@ where
         let looked = take(table, ids) + x
         let a = erf(looked) + tanh(looked) + exp(-looked) + sigmoid(looked)
         let b = log(sqrt(looked * looked + 1.0)) * rsqrt(looked * looked + 2.0)
-        let c = maximum(a, 0.5) + minimum(a, b) - relu(b) / (silu(a) + 3.0)
+        let c = maximum(a, 0.5) + minimum(a, b) - relu(b) / (silu(a) + 3.0) + select(less(a, b), a, b) +
+            cast<T>(reshape(cumsum(ids, 1) - 1, [B, S, 1]))
         let d = a * cast<T>(less(a, b)) + c * cast<T>(greater(a, c)) + cast<T>(equal(a, a)) * gelu(a) + gelu_erf(b)
         let e = softmax(d, -1) + sum(d, -1) - mean(d, -1) * max(d, 1)
         let f = layer_norm(e, weight, none, 1e-5) + rms_norm(e, weight, 1e-6)
@@ -323,5 +323,5 @@ def test_unfused_source_matches_fused(minilm_jax):
     exec(compile(source, "unfused.py", "exec"), namespace)
     tokens, token_types = random_inputs(2, 9)
     unfused = jax.jit(namespace["ENTRIES"]["forward"])(minilm_jax.runtime.params, tokens.astype(np.int32),
-                                                       token_types.astype(np.int32))
+                                                       token_types.astype(np.int32), np.ones_like(tokens, np.int32))
     assert max_diff(unfused, minilm_jax(tokens, token_types)) <= 1e-5

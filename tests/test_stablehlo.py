@@ -112,7 +112,7 @@ def test_one_export_serves_every_shape(minilm_hlo, exports, minilm_checkpoint):
 def test_artifact_holds_no_weights(bert_hlo):
     folder = bert_hlo.info.generated
     blobs = {p.name: p.stat().st_size for p in folder.glob("*.jax_export")}
-    assert set(blobs) == {"forward.jax_export", "pool.jax_export"}
+    assert set(blobs) == {"forward.jax_export", "pool.jax_export", "embed.jax_export"}
     assert max(blobs.values()) < 2_000_000  # the checkpoint is 440 MB
     mlir = (folder / "forward.mlir").read_text()
     assert "func.func public @main" in mlir and "tensor<?x?xi32>" in mlir  # symbolic B and S
@@ -124,7 +124,8 @@ def test_signature_describes_the_call(bert_hlo):
     assert signature["jax"] == jax.__version__
     pool = signature["entries"]["pool"]
     assert pool["inputs"] == [{"name": "tokens", "dtype": "int32", "dims": ["B", "S"]},
-                              {"name": "token_types", "dtype": "int32", "dims": ["B", "S"]}]
+                              {"name": "token_types", "dtype": "int32", "dims": ["B", "S"]},
+                              {"name": "attention_mask", "dtype": "int32", "dims": ["B", "S"]}]
     assert pool["result"] == {"name": "pooled", "dtype": "float32", "dims": ["B", 768]}
     assert [p["constraint"] for p in pool["preconditions"]] == ["S <= 512"]
     # Params are listed in the order jax flattens the tree the runtime passes.
@@ -146,10 +147,10 @@ def test_raw_artifact_refuses_too_long_sequences(minilm_hlo):
     blob = (minilm_hlo.info.generated / "forward.jax_export").read_bytes()
     exported = jax_export.deserialize(bytearray(blob))
     params = minilm_hlo.runtime.params
-    ok = exported.call(params, np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32))
+    ok = exported.call(params, np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32), np.ones((1, 512), np.int32))
     assert ok.shape == (1, 512, 384)
     with pytest.raises(Exception) as info:
-        exported.call(params, np.zeros((1, 513), np.int32), np.zeros((1, 513), np.int32))
+        exported.call(params, np.zeros((1, 513), np.int32), np.zeros((1, 513), np.int32), np.ones((1, 513), np.int32))
     chain, exc = [], info.value
     while exc is not None:
         chain.append(str(exc))
@@ -169,7 +170,8 @@ def test_runtime_translates_the_artifacts_own_refusal(minilm_hlo):
     # Inputs that disagree on S reach the artifact (the Model API would stop them earlier);
     # its shape assertion becomes a LinnetError carrying jax's explanation.
     with pytest.raises(LinnetError) as info:
-        minilm_hlo.runtime.run("forward", [np.zeros((1, 5), np.int32), np.zeros((1, 6), np.int32)])
+        minilm_hlo.runtime.run("forward", [np.zeros((1, 5), np.int32), np.zeros((1, 6), np.int32),
+                                           np.ones((1, 5), np.int32)])
     message = str(info.value)
     assert "E0820" in message and "Input shapes do not match" in message and "(1, 5), (1, 6)" in message
 
@@ -213,7 +215,7 @@ STANDALONE = textwrap.dedent('''
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 30522, size=(2, 9)).astype(np.int32)
     token_types = rng.integers(0, 2, size=(2, 9)).astype(np.int32)
-    hidden = exported.call(params, tokens, token_types)
+    hidden = exported.call(params, tokens, token_types, np.ones_like(tokens))
     np.savez(out, tokens=tokens, token_types=token_types, hidden=np.asarray(hidden))
     assert not any(m == "linnet" or m.startswith("linnet.") for m in sys.modules)
 ''')
