@@ -101,6 +101,20 @@ def _dtype_overrides(target: Target, manifest: Manifest, dtype: str | None) -> d
     return {float_generic: dtype}
 
 
+def _check_outputs(manifest: Manifest, program: ir.Program) -> None:
+    """nest.toml `[outputs]` must name real entries, and give each a distinct name."""
+    unknown = sorted(set(manifest.outputs) - set(program.entries))
+    if unknown:
+        raise LinnetError(Diagnostic("E0913", f"{manifest.dir / 'nest.toml'}: [outputs] names "
+                                     f"{', '.join(unknown)}, which {'is not an entry' if len(unknown) == 1 else 'are not entries'} "
+                                     f"of `{manifest.source.root}`; its entries are {', '.join(program.entries)}"))
+    names = [manifest.output_name(e) for e in program.entries]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise LinnetError(Diagnostic("E0913", f"{manifest.dir / 'nest.toml'}: several entries' results would be "
+                                     f"named {', '.join(clashes)} in exported graphs; give each its own name in [outputs]"))
+
+
 def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str | None = None,
             weights: str | Path | None = None, need_weights: bool = True,
             overrides: dict[str, int | str] | None = None) -> tuple[LoadContext, LoadInfo]:
@@ -118,6 +132,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     else:
         compiled = compile_target(target, _dtype_overrides(target, manifest, dtype), override_source="dtype=")
     program = lower(compiled.instance)
+    _check_outputs(manifest, program)
     ctx = LoadContext(manifest.name, compiled, program, dtype, manifest)
     info = LoadInfo([], None, None, 0.0)
     if need_weights:

@@ -40,6 +40,7 @@ CODES = {
     "E0910": "[source] must give exactly one of `path` and `zoo`",
     "E0911": "[source].zoo names no zoo entry, or the chain of reused entries loops",
     "E0912": "a field's value is of the right type but not one it accepts",
+    "E0913": "[outputs] names an entry the root block does not have, or gives two entries one name",
 }
 
 NEST_TOML = "nest.toml"
