@@ -1,0 +1,347 @@
+"""`python -m bench`: load every method, warm up, time in interleaved rounds, write the report.
+
+Phases, each guarded per method (a failure records `error` and drops the method from the
+phases after it; the rest go on):
+
+1. build     one-off exports (the reference's ONNX file, the Triton repository)
+2. probe     CPU: peak RSS of each method in its own subprocess (bench/probe.py)
+3. load      into this process; load_s
+4. warm-up   `warmup` untimed calls per batch size; the first is first_call_s
+5. check     max_abs_diff of the hidden state against the reference, same inputs
+6. rounds    round r runs every method in turn: latency_iters calls at B=1, then
+             throughput_iters calls at B=8; so drift over time hits all methods alike
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .weights import MODELS, REPO_ROOT, bench_cache
+
+log = print
+
+
+def _error_text(phase: str, exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 1500:
+        text = text[:1500] + " ..."
+    return f"{phase}: {text}"
+
+
+class Record:
+    """What is known about one method so far."""
+
+    def __init__(self, method):
+        self.method = method
+        self.error: str | None = None
+        self.metrics: dict = {"latency_ms": None, "throughput_per_s": None, "load_s": None}
+        self.latencies: list[float] = []
+        self.throughputs: list[float] = []
+        self.max_abs_diff: float | None = None
+        self.cuda_resident = 0
+        self.cuda_peak = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def fail(self, phase: str, exc: BaseException) -> None:
+        self.error = _error_text(phase, exc)
+        log(f"  ! {self.method.key}: {self.error.splitlines()[0][:300]}")
+        with contextlib.suppress(Exception):
+            self.method.close()
+
+
+def _progress(total: int, description: str):
+    """A rich progress bar on stderr, or a plain counter when rich is missing."""
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), transient=False)
+        return progress, progress.add_task(description, total=total)
+    except ImportError:  # pragma: no cover - rich is installed with the test extra's deps
+        return None, None
+
+
+def _probe_rss(model: str, key: str, workdir: Path, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "bench.probe", model, key, str(workdir)]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith("BENCH-PROBE "):
+            return json.loads(line[len("BENCH-PROBE "):])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+    raise RuntimeError(f"probe exited {done.returncode}: " + " | ".join(tail))
+
+
+# ------------------------------------------------------------------ CUDA memory bookkeeping
+
+
+def _cuda_allocated() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+@contextlib.contextmanager
+def _cuda_phase(record: Record, device: str):
+    """Peak torch allocator bytes of one phase of one method, over what was allocated before it."""
+    if device != "cuda":
+        yield
+        return
+    import torch
+
+    start = _cuda_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    torch.cuda.synchronize()
+    record.cuda_peak = max(record.cuda_peak, torch.cuda.max_memory_allocated() - start)
+
+
+def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart: bool = True) -> dict:
+    from . import report
+    from .methods import REFERENCE, Context, methods_for
+    from .weights import resolve
+    from .workload import environment, load_average, make_batch
+
+    started_at = dt.datetime.now(dt.timezone.utc)
+    weights = resolve(model)
+    workdir = bench_cache() / "work" / model / workload.device
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(weights, workload, workdir)
+    records = [Record(cls(ctx)) for cls in methods_for(workload.device, keys)]
+    log(f"bench {model} on {workload.device}: {', '.join(r.method.key for r in records)}")
+    log(f"weights: {weights.origin}")
+    env = environment(workload.device)
+    live = lambda: [r for r in records if r.ok]  # noqa: E731
+
+    for r in records:
+        if workload.device not in r.method.devices:
+            r.error = f"not available: {r.method.key} runs on {' / '.join(r.method.devices)} only"
+
+    # 1. build
+    for r in live():
+        t = time.perf_counter()
+        try:
+            r.method.build()
+        except Exception as exc:  # noqa: BLE001 - recorded, never dropped
+            r.fail("build", exc)
+            continue
+        log(f"  built {r.method.key} ({time.perf_counter() - t:.1f} s)")
+
+    # 2. peak RSS, one subprocess per method, before this process holds any model
+    if workload.device == "cpu":
+        for r in live():
+            if r.method.key == "triton-linnet-python":
+                continue  # measured from the server's own processes
+            if not workload.rss:
+                r.metrics["peak_rss_mib"] = None
+                r.method.notes.append("peak RSS not measured (--no-rss)")
+                continue
+            t = time.perf_counter()
+            try:
+                found = _probe_rss(model, r.method.key, workdir, timeout=900)
+                r.metrics["peak_rss_mib"] = found["peak_rss_mib"]
+                r.method.notes.append("peak_rss_mib: peak RSS (VmHWM) of a fresh process that imports, loads once "
+                                      "and runs one call per batch size (the interpreter alone, before the "
+                                      f"framework imports: {found['rss_before_load_mib']} MiB)")
+            except Exception as exc:  # noqa: BLE001 - a memory figure missing is not a failed method
+                r.metrics["peak_rss_mib"] = None
+                r.method.notes.append(f"peak RSS probe failed: {_error_text('probe', exc)}")
+            log(f"  probed {r.method.key}: {r.metrics.get('peak_rss_mib')} MiB ({time.perf_counter() - t:.1f} s)")
+
+    # 3. load, 4. warm-up
+    small = make_batch(workload.latency_batch, workload.seq, workload.seed)
+    big = make_batch(workload.throughput_batch, workload.seq, workload.seed + 1)
+    prepared: dict[str, tuple] = {}
+    for r in live():
+        try:
+            before = _cuda_allocated() if workload.device == "cuda" else 0
+            with _cuda_phase(r, workload.device):
+                r.metrics["load_s"] = r.method.load()
+            if workload.device == "cuda":
+                r.cuda_resident = _cuda_allocated() - before
+            prepared[r.method.key] = (r.method.prepare(small), r.method.prepare(big))
+            with _cuda_phase(r, workload.device):
+                for i in range(max(workload.warmup, 1)):
+                    for p in prepared[r.method.key]:
+                        t = time.perf_counter()
+                        r.method.run(p)
+                        if i == 0 and p is prepared[r.method.key][0]:
+                            r.metrics["first_call_s"] = time.perf_counter() - t
+        except Exception as exc:  # noqa: BLE001
+            r.fail("load" if r.metrics["load_s"] is None else "warm-up", exc)
+            continue
+        log(f"  loaded {r.method.key}: load {r.metrics['load_s']:.2f} s, first call {r.metrics['first_call_s']:.2f} s")
+
+    # 5. max_abs_diff against the reference on the same (B=8) inputs
+    reference = next((r for r in records if r.method.key == REFERENCE and r.ok), None)
+    want = None
+    if reference is not None:
+        try:
+            want = reference.method.hidden(reference.method.run(prepared[REFERENCE][1])).astype(np.float64)
+        except Exception as exc:  # noqa: BLE001
+            reference.fail("check", exc)
+    for r in live():
+        if want is None:
+            break
+        try:
+            got = r.method.hidden(r.method.run(prepared[r.method.key][1]))
+            if got.shape != want.shape:
+                raise ValueError(f"hidden state has shape {got.shape}, the reference's is {want.shape}")
+            r.max_abs_diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+        except Exception as exc:  # noqa: BLE001
+            r.fail("check", exc)
+
+    # 6. interleaved rounds
+    progress, task = _progress(workload.rounds * len(live()), f"{model} rounds")
+    with progress if progress is not None else contextlib.nullcontext():
+        for round_ in range(workload.rounds):
+            for r in live():
+                small_p, big_p = prepared[r.method.key]
+                if progress is not None:
+                    progress.update(task, description=f"{model} round {round_ + 1}/{workload.rounds}: {r.method.key}")
+                try:
+                    with _cuda_phase(r, workload.device):
+                        for _ in range(workload.latency_iters):
+                            t = time.perf_counter()
+                            r.method.run(small_p)
+                            r.latencies.append(time.perf_counter() - t)
+                        seconds = r.method.throughput(big_p, workload.throughput_iters)
+                        calls = getattr(r.method, "throughput_calls", lambda n: n)(workload.throughput_iters)
+                        r.throughputs.append(calls * workload.throughput_batch / seconds)
+                except Exception as exc:  # noqa: BLE001
+                    r.fail(f"round {round_ + 1}", exc)
+                if progress is not None:
+                    progress.advance(task)
+
+    # results
+    for r in records:
+        if r.latencies:
+            r.metrics["latency_ms"] = statistics.median(r.latencies) * 1e3
+        if r.throughputs:
+            r.metrics["throughput_per_s"] = statistics.median(r.throughputs)
+        with contextlib.suppress(Exception):
+            own = r.method.memory() if r.ok else None
+            if own:
+                r.metrics.update(own)
+        if workload.device == "cuda":
+            r.metrics.pop("peak_rss_mib", None)
+            r.metrics["peak_vram_mib"] = _vram_mib(r)
+        elif "peak_rss_mib" not in r.metrics:
+            r.metrics["peak_rss_mib"] = None
+        r.metrics.update({k: v for k, v in r.method.extra_metrics.items() if v is not None})
+        with contextlib.suppress(Exception):
+            r.method.close()
+
+    load_end = load_average()
+    notes_common = [weights.origin]
+    cores = os.cpu_count() or 1
+    busy = env.get("load_average_at_start") and env["load_average_at_start"][0] > 0.5 * cores
+    if workload.device == "cpu" and (busy or (load_end and load_end[0] > cores)):
+        notes_common.append(f"the machine was shared with other work during the run (load average "
+                            f"{env.get('load_average_at_start')} at start, {load_end} at end, {cores} cores)")
+    env["load_average_at_end"] = load_end
+    result = {
+        "date": started_at.isoformat(timespec="seconds"),
+        "model": model,
+        "weights": weights.origin,
+        "environment": env,
+        "workload": workload.describe(),
+        "methods": [{
+            "method": r.method.name,
+            "kind": r.method.kind,
+            "metrics": r.metrics,
+            "max_abs_diff": r.max_abs_diff,
+            "notes": "; ".join(notes_common + _dedupe(r.method.notes)),
+            "error": r.error,
+            "key": r.method.key,
+        } for r in records],
+        "reference": REFERENCE,
+        "seconds": round(time.perf_counter() - _T0, 1),
+    }
+    report.write(result, out, chart=chart)
+    return result
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen, kept = set(), []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            kept.append(item)
+    return kept
+
+
+def _vram_mib(r: Record) -> float | None:
+    key = r.method.key
+    if "jax" in key:
+        # JAX's allocator is not torch's: report its own peak (process-wide, shared by JAX methods).
+        with contextlib.suppress(Exception):
+            import jax
+
+            stats = jax.devices("gpu")[0].memory_stats() or {}
+            r.method.notes.append("peak_vram_mib: JAX allocator peak of the process (shared by the JAX methods)")
+            return round(stats.get("peak_bytes_in_use", 0) / 2**20, 1) or None
+        return None
+    if "onnx" in key or "triton" in key:
+        r.method.notes.append("peak_vram_mib: not measured (ONNX Runtime's CUDA arena is outside torch's allocator)")
+        return None
+    if not r.ok and not r.cuda_peak:
+        return None
+    return round((r.cuda_resident + r.cuda_peak) / 2**20, 1)
+
+
+_T0 = time.perf_counter()
+
+
+def default_out(model: str, device: str) -> Path:
+    name = "bench.json" if device == "cpu" else f"bench.{device}.json"
+    return REPO_ROOT / "nest" / model / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .workload import Workload
+
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, choices=MODELS)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--quick", action="store_true", help="1 round, few iterations: a smoke test, not numbers")
+    parser.add_argument("--methods", help="comma-separated method keys (the reference is always added)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 8, --quick 1)")
+    parser.add_argument("--latency-iters", type=int)
+    parser.add_argument("--throughput-iters", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe subprocesses")
+    parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--out", type=Path, help="default nest/<model>/bench.json (bench.cuda.json on cuda)")
+    args = parser.parse_args(argv)
+
+    workload = Workload.quick(args.device) if args.quick else Workload(device=args.device)
+    changes = {k: v for k, v in (("rounds", args.rounds), ("latency_iters", args.latency_iters),
+                                 ("throughput_iters", args.throughput_iters), ("warmup", args.warmup)) if v is not None}
+    if args.no_rss:
+        changes["rss"] = False
+    workload = replace(workload, **changes)
+    keys = [k.strip() for k in args.methods.split(",") if k.strip()] if args.methods else None
+    out = args.out or default_out(args.model, args.device)
+    result = run_bench(args.model, workload, keys, out, chart=not args.no_chart)
+    from .report import markdown_table
+
+    print(markdown_table(result))
+    print(f"\nwrote {out} in {result['seconds']} s")
+    gc.collect()
+    return 0

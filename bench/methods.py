@@ -1,0 +1,499 @@
+"""The benchmarked methods: one small class each, registered by the reference bench's keys.
+
+A method is driven in phases by `bench.cli`, each of which may fail on its own (the error is
+recorded, the method is dropped from later phases, the other methods go on):
+
+    build()          untimed one-off work outside the model's load (an ONNX export, a Triton
+                     repository); its wall time is reported as `build_s` where there is any
+    load() -> float  seconds from the call to a usable model, weights cached (`load_s`)
+    prepare(batch)   converts a Batch to what `run` takes, outside the timed region
+    run(prepared)    one timed call, synchronised (the result is ready when it returns)
+    hidden(output)   the `forward` hidden state as float32 numpy, for max_abs_diff
+    throughput(prepared, n) -> seconds for n calls (Triton overrides it to keep several
+                     requests in flight)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .weights import Weights
+from .workload import Batch, Workload
+
+
+@dataclass
+class Context:
+    weights: Weights
+    workload: Workload
+    workdir: Path  # exports and repositories go here (per model, per device)
+    probe: bool = False  # in a memory probe: load once, no untimed first load
+
+    @property
+    def device(self) -> str:
+        return self.workload.device
+
+
+class Method:
+    key: str = ""
+    name: str = ""
+    kind: str = "linnet"
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtype: str = "f32"
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.notes: list[str] = []
+        self.extra_metrics: dict = {}
+
+    # ---- phases
+    def build(self) -> None:
+        pass
+
+    def load(self) -> float:
+        raise NotImplementedError
+
+    def prepare(self, batch: Batch):
+        return batch
+
+    def run(self, prepared):
+        raise NotImplementedError
+
+    def hidden(self, output) -> np.ndarray:
+        return np.asarray(output, dtype=np.float32)
+
+    def throughput(self, prepared, n: int) -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            self.run(prepared)
+        return time.perf_counter() - started
+
+    def memory(self) -> dict | None:
+        """Memory this method measures itself (Triton: the server's processes); None = the probe's."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+    # ---- helpers
+    def _sync(self) -> None:
+        if self.ctx.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- transformers
+
+_TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+class TransformersEager(Method):
+    key, name, kind = "transformers-eager", "transformers (eager)", "reference"
+
+    def _from_pretrained(self):
+        import torch
+        from transformers import BertModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        w = self.ctx.weights
+        kwargs = {"revision": w.revision} if w.revision else {}
+        # transformers' default attention (SDPA), as users get it from from_pretrained.
+        model = BertModel.from_pretrained(w.source, dtype=getattr(torch, _TORCH_DTYPES[self.dtype]), **kwargs)
+        return model.to(self.ctx.device).eval()
+
+    def load(self) -> float:
+        # A first, untimed load pays for imports and brings the files into the page cache, as
+        # Linnet's first load does; the second is the number reported.
+        if not self.ctx.probe:
+            self._from_pretrained()
+        started = time.perf_counter()
+        self.model = self._from_pretrained()
+        self._sync()
+        seconds = time.perf_counter() - started
+        self.fn = self.model
+        self.notes.append("load_s: second BertModel.from_pretrained in the process (files cached)")
+        return seconds
+
+    def prepare(self, batch: Batch):
+        import torch
+
+        to = lambda a: torch.from_numpy(a.astype(np.int64)).to(self.ctx.device)  # noqa: E731
+        return to(batch.tokens), to(batch.token_types), to(batch.mask)
+
+    def run(self, prepared):
+        import torch
+
+        tokens, types, mask = prepared
+        with torch.inference_mode():
+            out = self.fn(input_ids=tokens, token_type_ids=types, attention_mask=mask).last_hidden_state
+        self._sync()
+        return out
+
+    def hidden(self, output) -> np.ndarray:
+        return output.float().cpu().numpy()
+
+
+class TransformersCompile(TransformersEager):
+    key, name = "transformers-compile", "transformers (torch.compile)"
+
+    def load(self) -> float:
+        import torch
+
+        seconds = super().load()
+        # Default torch.compile settings; compilation happens at the first calls (first_call_s).
+        self.fn = torch.compile(self.model)
+        self.notes.append("torch.compile(model) with default settings; compiled during warm-up, not in load_s")
+        return seconds
+
+
+class TransformersEagerBF16(TransformersEager):
+    key, name, dtype, devices = "transformers-eager-bf16", "transformers (eager, bf16)", "bf16", ("cuda",)
+
+
+class OnnxReference(Method):
+    """transformers -> torch.onnx (TorchScript exporter) -> ONNX Runtime."""
+
+    key, name, kind = "onnx-reference", "transformers -> torch.onnx -> ONNX Runtime", "reference"
+    def _path(self) -> Path:
+        return self.ctx.workdir / "reference.onnx"
+
+    def build(self) -> None:
+        import warnings
+
+        import torch
+        from transformers import BertModel
+
+        path = self._path()
+        self.extra_metrics["build_s"] = None
+        if path.exists():
+            self.notes.append(f"ONNX file reused from {path}")
+            return
+        started = time.perf_counter()
+        w = self.ctx.weights
+        kwargs = {"revision": w.revision} if w.revision else {}
+        model = BertModel.from_pretrained(w.source, dtype=torch.float32, **kwargs).eval()
+
+        class LastHidden(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+
+        # The example carries a padded row: traced with an all-ones mask, transformers skips
+        # the mask and the graph would ignore attention_mask at run time.
+        ids = torch.randint(1000, 30000, (2, 16))
+        mask = torch.ones_like(ids)
+        mask[1, -3:] = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.onnx")
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(LastHidden(model), (ids, mask, torch.zeros_like(ids)), str(tmp), input_names=names,
+                              output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                              dynamic_axes={n: {0: "B", 1: "S"} for n in names})
+        tmp.replace(path)
+        self.extra_metrics["build_s"] = time.perf_counter() - started
+
+    def _providers(self):
+        if self.ctx.device == "cuda":
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def load(self) -> float:
+        import onnxruntime as ort
+
+        started = time.perf_counter()
+        self.session = ort.InferenceSession(str(self._path()), providers=self._providers())
+        seconds = time.perf_counter() - started
+        self.notes.append("f32; TorchScript exporter (opset 17, dynamic B and S); load_s: InferenceSession "
+                          "from the exported file (the export is build_s)")
+        self.notes.append(f"providers: {', '.join(self.session.get_providers())}")
+        return seconds
+
+    def prepare(self, batch: Batch):
+        return {"input_ids": batch.tokens.astype(np.int64), "attention_mask": batch.mask.astype(np.int64),
+                "token_type_ids": batch.token_types.astype(np.int64)}
+
+    def run(self, prepared):
+        return self.session.run(["last_hidden_state"], prepared)[0]
+
+
+# --------------------------------------------------------------------------- Linnet
+
+
+class LinnetMethod(Method):
+    backend = "torch"
+    options: dict = {}
+
+    def _load_args(self) -> dict:
+        args = {"backend": self.backend, **self.options}
+        if self.dtype != "f32":
+            args["dtype"] = self.dtype
+        if self.ctx.weights.linnet_weights is not None:
+            args["weights"] = self.ctx.weights.linnet_weights
+        return args
+
+    def _device_args(self) -> dict:
+        return {"device": self.ctx.device}
+
+    def load(self) -> float:
+        from linnet import nest
+
+        args = {**self._load_args(), **self._device_args()}
+        # The first load writes the generated source (or artifact) to the Linnet cache; the
+        # second, timed, is what a user sees on every later start.
+        if not self.ctx.probe:
+            nest.load(self.ctx.weights.model, **args)
+        started = time.perf_counter()
+        self.model = nest.load(self.ctx.weights.model, **args)
+        seconds = time.perf_counter() - started
+        self.notes.append("load_s: second nest.load in the process (generated-source cache warm)")
+        return seconds
+
+    def run(self, prepared: Batch):
+        out = self.model(prepared.tokens, prepared.token_types, attention_mask=prepared.mask)
+        self._sync()
+        return out
+
+
+class LinnetTorch(LinnetMethod):
+    key, name = "linnet-torch", "Linnet torch (generated source)"
+
+    def hidden(self, output) -> np.ndarray:
+        return output.float().cpu().numpy()
+
+
+class LinnetInductor(LinnetTorch):
+    key, name, options = "linnet-inductor", "Linnet torch (torch.compile, inductor)", {"mode": "compile"}
+
+    def load(self) -> float:
+        seconds = super().load()
+        self.notes.append("mode='compile' (torch.compile(dynamic=True)); compiled during warm-up, not in load_s")
+        return seconds
+
+
+class LinnetCudaGraphs(LinnetTorch):
+    key, name, options, devices = "linnet-cudagraphs", "Linnet torch (CUDA graphs)", {"mode": "cudagraphs"}, ("cuda",)
+
+
+class LinnetJax(LinnetMethod):
+    key, name, backend = "linnet-jax", "Linnet JAX (XLA, StableHLO)", "stablehlo"
+
+    def run(self, prepared: Batch):
+        out = self.model(prepared.tokens, prepared.token_types, attention_mask=prepared.mask)
+        out.block_until_ready()
+        return out
+
+    def hidden(self, output) -> np.ndarray:
+        return np.asarray(output, dtype=np.float32)
+
+    def _device_args(self) -> dict:
+        return {"device": "gpu" if self.ctx.device == "cuda" else "cpu"}
+
+
+class LinnetJaxSource(LinnetJax):
+    key, name, backend = "linnet-jax-source", "Linnet JAX (XLA, generated source)", "jax"
+
+
+class LinnetOnnx(LinnetMethod):
+    key, name, backend = "linnet-onnx-f32", "Linnet ONNX f32 -> ONNX Runtime", "onnx"
+    providers: tuple | None = None
+
+    def _device_args(self) -> dict:
+        if self.providers is not None:
+            return {"providers": list(self.providers)}
+        return {"device": self.ctx.device}
+
+    def load(self) -> float:
+        seconds = super().load()
+        self.notes.append(f"{self.dtype}; providers: {', '.join(self.model.runtime.providers)}")
+        return seconds
+
+    def hidden(self, output) -> np.ndarray:
+        return np.asarray(output, dtype=np.float32)
+
+
+# CUDA-only variants: lower precision, and ONNX Runtime's TensorRT provider.
+class LinnetTorchBF16(LinnetTorch):
+    key, name, dtype, devices = "linnet-torch-bf16", "Linnet torch (generated source, bf16)", "bf16", ("cuda",)
+
+
+class LinnetInductorBF16(LinnetInductor):
+    key, name, dtype, devices = "linnet-inductor-bf16", "Linnet torch (torch.compile, bf16)", "bf16", ("cuda",)
+
+
+class LinnetCudaGraphsBF16(LinnetCudaGraphs):
+    key, name, dtype = "linnet-cudagraphs-bf16", "Linnet torch (CUDA graphs, bf16)", "bf16"
+
+
+class LinnetJaxBF16(LinnetJax):
+    key, name, dtype, devices = "linnet-jax-bf16", "Linnet JAX (XLA, StableHLO, bf16)", "bf16", ("cuda",)
+
+
+class LinnetJaxSourceBF16(LinnetJaxSource):
+    key, name, dtype, devices = "linnet-jax-source-bf16", "Linnet JAX (generated source, bf16)", "bf16", ("cuda",)
+
+
+class LinnetOnnxF16(LinnetOnnx):
+    key, name, dtype, devices = "linnet-onnx-f16", "Linnet ONNX f16 -> ONNX Runtime (CUDA)", "f16", ("cuda",)
+
+
+class LinnetOnnxBF16(LinnetOnnx):
+    key, name, dtype, devices = "linnet-onnx-bf16", "Linnet ONNX bf16 -> ONNX Runtime (CUDA)", "bf16", ("cuda",)
+
+
+_TRT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+class LinnetOnnxTrt(LinnetOnnx):
+    key, name, devices, providers = ("linnet-onnx-f32-trt", "Linnet ONNX f32 -> ONNX Runtime (TensorRT)",
+                                     ("cuda",), _TRT)
+
+
+class LinnetOnnxF16Trt(LinnetOnnxTrt):
+    key, name, dtype = "linnet-onnx-f16-trt", "Linnet ONNX f16 -> ONNX Runtime (TensorRT)", "f16"
+
+
+# --------------------------------------------------------------------------- Triton
+
+
+class TritonLinnetPython(Method):
+    """Linnet's ONNX served by a real tritonserver (Python backend running ONNX Runtime), HTTP."""
+
+    key, name = "triton-linnet-python", "Triton Inference Server (Python backend, Linnet ONNX)"
+    max_batch_size = 8
+
+    def build(self) -> None:
+        from linnet.nest import prepare
+        from linnet.testing.triton_server import provision
+        from linnet.triton import export_triton
+
+        started = time.perf_counter()
+        self.tools = provision()
+        ctx, _ = prepare(self.ctx.weights.model, weights=self.ctx.weights.linnet_weights)
+        self.repo = self.ctx.workdir / "triton-repo"
+        export_triton(ctx, self.repo, runtime="python", max_batch_size=self.max_batch_size)
+        self.extra_metrics["build_s"] = time.perf_counter() - started
+
+    def load(self) -> float:
+        import tritonclient.http as http
+
+        from linnet.testing.triton_server import TritonServer
+
+        self.http = http
+        self.server = TritonServer(self.repo, self.tools, log_path=self.ctx.workdir / "tritonserver.log")
+        self.server.start()
+        # tritonclient.http runs on gevent, so one client keeps several requests in flight
+        # (async_infer) instead of one client per thread.
+        self.client = http.InferenceServerClient(self.server.http_url,
+                                                 concurrency=self.ctx.workload.triton_concurrency)
+        self.notes.append(f"over HTTP to tritonserver 2.51 on loopback; f32; throughput with "
+                          f"{self.ctx.workload.triton_concurrency} requests of batch "
+                          f"{self.ctx.workload.throughput_batch} in flight; max_batch_size {self.max_batch_size}, "
+                          "dynamic batching on; load_s: server launch to model ready (the export is build_s); "
+                          "peak_rss_mib: the server's and its Python-backend stub's peak RSS, summed")
+        return self.server.start_seconds
+
+    def prepare(self, batch: Batch):
+        inputs = []
+        for name, array in (("tokens", batch.tokens), ("token_types", batch.token_types),
+                            ("attention_mask", batch.mask)):
+            tensor = self.http.InferInput(name, list(array.shape), "INT32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    def _outputs(self):
+        return [self.http.InferRequestedOutput("hidden", binary_data=True)]
+
+    def run(self, prepared):
+        return self.client.infer(self.ctx.weights.model, prepared, outputs=self._outputs())
+
+    def hidden(self, output) -> np.ndarray:
+        return np.asarray(output.as_numpy("hidden"), dtype=np.float32)
+
+    def throughput(self, prepared, n: int) -> float:
+        from collections import deque
+
+        concurrency = self.ctx.workload.triton_concurrency
+        total = self.throughput_calls(n)
+        # A sliding window: as soon as the oldest request is answered, the next one is sent.
+        started = time.perf_counter()
+        window: deque = deque()
+        for _ in range(total):
+            if len(window) == concurrency:
+                window.popleft().get_result()
+            window.append(self.client.async_infer(self.ctx.weights.model, prepared, outputs=self._outputs()))
+        while window:
+            window.popleft().get_result()
+        return time.perf_counter() - started
+
+    def throughput_calls(self, n: int) -> int:
+        return n * self.ctx.workload.triton_concurrency
+
+    def memory(self) -> dict | None:
+        if self.ctx.device != "cpu" or self.server.pid is None:
+            return None
+        return {"peak_rss_mib": round(_tree_peak_rss_kib(self.server.pid) / 1024, 1)}
+
+    def close(self) -> None:
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+
+
+def _tree_peak_rss_kib(pid: int) -> int:
+    """Sum of VmHWM (each process's own peak RSS) over `pid` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+# --------------------------------------------------------------------------- registry
+
+#: Every method, in the order a round runs them (the reference first).
+ALL = [TransformersEager, TransformersCompile, OnnxReference, LinnetTorch, LinnetInductor, LinnetCudaGraphs,
+       LinnetJax, LinnetJaxSource, LinnetOnnx, TritonLinnetPython,
+       # CUDA only
+       TransformersEagerBF16, LinnetTorchBF16, LinnetInductorBF16, LinnetCudaGraphsBF16, LinnetJaxBF16,
+       LinnetJaxSourceBF16, LinnetOnnxF16, LinnetOnnxBF16, LinnetOnnxTrt, LinnetOnnxF16Trt]
+REFERENCE = TransformersEager.key
+BY_KEY = {m.key: m for m in ALL}
+
+
+def methods_for(device: str, keys: list[str] | None = None) -> list[type[Method]]:
+    """The methods to run: the requested keys (the reference always added first), or all for the device."""
+    if keys:
+        unknown = [k for k in keys if k not in BY_KEY]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(BY_KEY)}")
+        chosen = [BY_KEY[k] for k in keys]
+        if REFERENCE not in keys:
+            chosen.insert(0, BY_KEY[REFERENCE])
+        return [m for m in ALL if m in chosen]
+    return [m for m in ALL if device in m.devices]

@@ -1,0 +1,189 @@
+"""Writing a bench result: the JSON file, a bar chart beside it, and a markdown table.
+
+`python -m bench.report` prints the table of every `nest/*/bench*.json`;
+`python -m bench.report --readme` also rewrites the generated part of README.md's
+`## Benchmarks` section (between the `bench:table` markers) with those tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .weights import REPO_ROOT
+
+START, END = "<!-- bench:table:start -->", "<!-- bench:table:end -->"
+
+
+def write(result: dict, out: Path, *, chart: bool = True) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=_jsonable) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    if chart:
+        try:
+            render_chart(result, chart_path(out))
+        except ImportError as exc:
+            print(f"no chart: {exc} (pip install matplotlib)", file=sys.stderr)
+
+
+def _jsonable(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def chart_path(json_path: Path) -> Path:
+    """bench.json -> bench.png, bench.cuda.json -> bench.cuda.png."""
+    return json_path.with_name(json_path.name[: -len(".json")] + ".png")
+
+
+def _reference(result: dict) -> dict | None:
+    return next((m for m in result["methods"] if m["key"] == result["reference"]), None)
+
+
+def ratios(result: dict) -> dict[str, tuple[float | None, float | None]]:
+    """key -> (latency / reference latency, throughput / reference throughput)."""
+    ref = _reference(result)
+    ref_lat = ref and ref["metrics"].get("latency_ms")
+    ref_thr = ref and ref["metrics"].get("throughput_per_s")
+    out = {}
+    for m in result["methods"]:
+        lat, thr = m["metrics"].get("latency_ms"), m["metrics"].get("throughput_per_s")
+        out[m["key"]] = (lat / ref_lat if lat and ref_lat else None, thr / ref_thr if thr and ref_thr else None)
+    return out
+
+
+def render_chart(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = ratios(result)
+    methods = result["methods"]
+    labels = [m["key"] for m in methods]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(methods) + 1.8), sharey=True)
+    colors = ["#7f7f7f" if m["kind"] == "reference" else "#1f77b4" for m in methods]
+    for ax, index, title in ((axes[0], 0, "latency / reference  (B=1; lower is faster)"),
+                             (axes[1], 1, "throughput / reference  (B=8; higher is better)")):
+        values = [r[k][index] for k in labels]
+        bars = ax.barh(range(len(labels)), [v or 0 for v in values], color=colors)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        top = max([v for v in values if v] or [1.0])
+        for bar, v, m in zip(bars, values, methods):
+            text = f"{v:.2f}x" if v else ("error" if m["error"] else "n/a")
+            ax.text((v or 0) + 0.01 * top, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.18)
+        ax.set_title(title, fontsize=10)
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=9)
+    axes[0].invert_yaxis()
+    wl = result["workload"]
+    env = result["environment"]
+    where = env.get("gpu") or f"{env.get('cpu')}, {env.get('cores')} cores"
+    fig.suptitle(f"{result.get('model', '')} on {wl['device']} ({where}), S={wl['seq']}; "
+                 f"reference {result['reference']} (grey)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def markdown_table(result: dict) -> str:
+    r = ratios(result)
+    memory_key = "peak_vram_mib" if result["workload"]["device"] == "cuda" else "peak_rss_mib"
+    memory_title = "peak VRAM MiB" if memory_key == "peak_vram_mib" else "peak RSS MiB"
+    lines = [f"| method | key | latency ms (B=1) | × ref | seq/s (B=8) | × ref | load s | {memory_title} "
+             "| max abs diff |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in result["methods"]:
+        met = m["metrics"]
+        lat_ratio, thr_ratio = r[m["key"]]
+        diff = m["max_abs_diff"]
+        row = [m["method"], f"`{m['key']}`", _fmt(met.get("latency_ms")), _fmt(lat_ratio), _fmt(met.get("throughput_per_s"), 1),
+               _fmt(thr_ratio), _fmt(met.get("load_s")), _fmt(met.get(memory_key), 0),
+               "—" if diff is None else f"{diff:.2g}"]
+        if m["error"]:
+            row[2] = "error: " + m["error"].splitlines()[0][:90].replace("|", "\\|")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def results(root: Path = REPO_ROOT / "nest") -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(root.glob("*/bench*.json"))]
+
+
+def summary(path: Path, result: dict) -> str:
+    env, wl = result["environment"], result["workload"]
+    where = env.get("gpu") or f"{env.get('cpu')} ({env.get('cores')} cores, {env.get('torch_threads')} torch threads)"
+    ref = _reference(result)
+    parts = _top_level_parts(ref["notes"]) if ref else []
+    origin = result.get("weights") or (parts[0] if parts else "")
+    shared = next((p for p in parts if "shared with other work" in p), None)
+    if shared:
+        origin += f". Note: {shared}; the ratios are therefore rough"
+    rel = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    chart = chart_path(path)
+    text = [f"### {result.get('model', path.parent.name)} ({wl['device']})", "",
+            f"{result['date'][:10]}, {where}; torch {env.get('torch')}, jax {env.get('jax')}, "
+            f"onnxruntime {env.get('onnxruntime')}, transformers {env.get('transformers')}. {origin}. "
+            f"{wl['rounds']} interleaved rounds. Raw numbers: [`{rel}`]({rel}).", "",
+            markdown_table(result)]
+    if chart.exists():
+        text += ["", f"![{result.get('model')} {wl['device']} ratios]({chart.relative_to(REPO_ROOT) if chart.is_relative_to(REPO_ROOT) else chart})"]
+    return "\n".join(text)
+
+
+def _top_level_parts(notes: str) -> list[str]:
+    """Split notes on "; " outside parentheses."""
+    parts, depth, current = [], 0, ""
+    for i, ch in enumerate(notes):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and notes.startswith("; ", i):
+            parts.append(current)
+            current = ""
+            continue
+        if depth == 0 and ch == " " and current == "" and parts:
+            continue
+        current += ch
+    return parts + [current]
+
+
+def update_readme(readme: Path = REPO_ROOT / "README.md") -> bool:
+    """Replace the text between the markers in README.md; False when the markers are missing."""
+    text = readme.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        return False
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    body = "\n\n".join(summary(p, r) for p, r in results())
+    readme.write_text(f"{head}{START}\n{body}\n{END}{tail}", encoding="utf-8")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's generated benchmark tables")
+    args = parser.parse_args(argv)
+    for path, result in results():
+        print(summary(path, result), end="\n\n")
+    if args.readme and not update_readme():
+        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

