@@ -67,6 +67,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def _code_stamp() -> str:
+    """The compiler's and emitters' own files by size and mtime: a cached artifact made by an
+    older checkout of Linnet (same version number, different emitter) is not reused."""
+    root = Path(__file__).resolve().parent.parent
+    parts = []
+    for module in sorted(root.glob("*.py")) + sorted(root.glob("backends/*.py")):
+        try:
+            stat = module.stat()
+        except OSError:
+            continue
+        parts.append(f"{module.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
 @dataclass
 class LoadContext:
     """Everything a backend needs to build or run one instantiated zoo entry."""
@@ -78,6 +92,9 @@ class LoadContext:
     manifest: Any = None  # linnet.nest.manifest.Manifest
     #: (framework, dtype) -> {param path: array}; set by whoever knows where the weights are.
     tensor_loader: Callable[[str, str | None], dict[str, Any]] | None = None
+    #: The optimisation stage's result (`linnet.optimize.Optimized`) when `program` is the
+    #: optimised program; `tensors()` then returns its params, built by the bind-time plan.
+    optimized: Any = None
     _sources: dict[str, str] | None = field(default=None, repr=False)
 
     def tensors(self, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:
@@ -108,7 +125,10 @@ class LoadContext:
         for module in sorted(self.sources):
             digest.update(module.encode() + b"\0" + self.sources[module].encode() + b"\0")
         digest.update(repr(sorted(self.compiled.generics.items())).encode())
+        if self.optimized is not None:  # the optimised program is a different program
+            digest.update(("optimized:" + "; ".join(self.optimized.applied)).encode())
         digest.update(f"{backend}:{sorted((options or {}).items())}:{__version__}".encode())
+        digest.update(_code_stamp().encode())
         return digest.hexdigest()[:24]
 
     def cached(self, backend: str, suffix: str, write: Callable[[Path], None], options: dict | None = None) -> Path:

@@ -11,7 +11,10 @@ Nothing is read from the checkpoint until every binding has been verified.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,15 +120,60 @@ def _check_outputs(manifest: Manifest, program: ir.Program) -> None:
 
 def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str | None = None,
             weights: str | Path | None = None, need_weights: bool = True,
-            overrides: dict[str, int | str] | None = None) -> tuple[LoadContext, LoadInfo]:
+            overrides: dict[str, int | str] | None = None,
+            optimize: bool | tuple[str, ...] = False) -> tuple[LoadContext, LoadInfo]:
     """Compile a zoo entry and verify its checkpoint's bindings (headers only): what every
     backend's load and build start from.  Tensors are read later, by the backend, on demand.
+
+    optimize: run `linnet.optimize` over the lowered program (exact rewrites only): True for
+    every pass, or a tuple of pass names (`linnet.optimize.PASSES`); the
+    context's `program` is then the optimised one, and `ctx.tensors()` binds the original
+    checkpoint and applies the optimisation's param plan once.
     """
     started = time.perf_counter()
-    manifest = load_manifest(name_or_path)
+    manifest = name_or_path if isinstance(name_or_path, Manifest) else load_manifest(name_or_path)
     if manifest.weights is None and need_weights:
         raise LinnetError(Diagnostic("E0805", f"{manifest.name} declares no [weights] in nest.toml, so there is "
                                      "no bindings.json to bind a checkpoint with"))
+    if optimize is True:
+        from ..optimize import PASSES as optimize
+    optimize = tuple(optimize or ())
+    key = _compile_key(manifest, dtype, overrides, optimize)
+    compiled, program, optimized = _compile(manifest, dtype, overrides, optimize, key)
+    ctx = LoadContext(manifest.name, compiled, program, dtype, manifest)
+    info = LoadInfo([], None, None, 0.0)
+    if need_weights:
+        params = compiled.instance.params
+        files = checkpoint_files(manifest, revision=revision, weights=weights)
+        index = read_index(files)
+        info.files = files
+        bindings, info.report = _verified_bindings(manifest, params, files, index, key, cast_floats=dtype is not None)
+        ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,
+                                                                 dtype=cast)
+    if optimized is not None and optimized.applied:
+        ctx.program, ctx.optimized = optimized.program, optimized
+        if ctx.tensor_loader is not None:
+            ctx.tensor_loader = _bound_loader(manifest, optimized, ctx.tensor_loader, info.files, key)
+    info.seconds = time.perf_counter() - started
+    return ctx, info
+
+
+def _compile(manifest: Manifest, dtype: str | None, overrides: dict | None, optimize: tuple[str, ...],
+             key: str | None):
+    """Check, instantiate, lower (and optimise) the entry's program, cached on disk.
+
+    The front end is most of a warm load's time (parsing and checking ~6 files), and its
+    result depends only on the Linnet sources, the manifests, the options and the compiler
+    itself, so it is pickled under `$LINNET_CACHE/compiled/`, keyed by a digest of all of
+    those (the compiler by its modules' sizes and mtimes).  Errors are never cached: a
+    program that does not compile is compiled again, and reports again, every time.
+    """
+    path = cache_dir() / "compiled" / f"{manifest.name}-{key}.pickle"
+    if key is not None and path.is_file():
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception:  # a partial or stale file: compile again and replace it
+            log.debug("ignoring unreadable compile cache %s", path)
     target = Target("entry", manifest.dir, manifest)
     if overrides:
         compiled = compile_target(target, {**overrides, **_dtype_overrides(target, manifest, dtype)})
@@ -133,25 +181,129 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
         compiled = compile_target(target, _dtype_overrides(target, manifest, dtype), override_source="dtype=")
     program = lower(compiled.instance)
     _check_outputs(manifest, program)
-    ctx = LoadContext(manifest.name, compiled, program, dtype, manifest)
-    info = LoadInfo([], None, None, 0.0)
-    if need_weights:
-        params = compiled.instance.params
-        files = checkpoint_files(manifest, revision=revision, weights=weights)
-        index = read_index(files)
-        bindings = load_bindings(manifest.weights.bindings)
-        info.files = files
-        info.report = verify_bindings(params, bindings, index, bindings_file=str(manifest.weights.bindings),
-                                      cast_floats=dtype is not None)
-        ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,
-                                                                 dtype=cast)
-    info.seconds = time.perf_counter() - started
-    return ctx, info
+    optimized = None
+    if optimize:
+        from ..optimize import optimize as optimize_program
+
+        optimized = optimize_program(program, passes=optimize)
+    result = (compiled, program, optimized)
+    if key is not None:
+        try:
+            _write_atomically(path, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+            log.debug("could not pickle the compiled program for %s", path)
+    return result
+
+
+def _files_key(files: list[Path], *parts: object) -> str:
+    """A digest naming checkpoint files by identity (path, size, mtime) plus `parts`."""
+    digest = hashlib.sha256(repr(parts).encode())
+    for file in files:
+        stat = Path(file).stat()
+        digest.update(f"{Path(file).resolve()}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:24]
+
+
+def _verified_bindings(manifest: Manifest, params, files: list[Path], index, key: str | None, *, cast_floats: bool):
+    """bindings.json read and verified against the checkpoint headers, remembered per
+    (compiled program, bindings, checkpoint file identity): the check is the same every load."""
+    bindings_file = Path(manifest.weights.bindings)
+    path = None
+    if key is not None:
+        try:
+            cache_key = _files_key(files, key, bindings_file.read_bytes(), cast_floats)
+            path = cache_dir() / "verified" / f"{manifest.name}-{cache_key}.pickle"
+            if path.is_file():
+                return pickle.loads(path.read_bytes())
+        except Exception:  # unreadable or stale: verify again
+            log.debug("ignoring the verified-bindings cache", exc_info=True)
+    bindings = load_bindings(bindings_file)
+    report = verify_bindings(params, bindings, index, bindings_file=str(bindings_file), cast_floats=cast_floats)
+    if path is not None:
+        _write_atomically(path, pickle.dumps((bindings, report), protocol=pickle.HIGHEST_PROTOCOL))
+    return bindings, report
+
+
+def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], key: str | None):
+    """`ctx.tensors` for the optimised program: the checkpoint's tensors with the param plan
+    applied.  The params the plan makes (fused Q/K/V weights) are computed once per
+    checkpoint and kept as a safetensors file in the cache, so later loads memory-map them
+    like the checkpoint itself instead of concatenating ~85 MB again."""
+    from ..optimize import bind_params
+
+    def load(framework: str, cast: str | None):
+        tensors = original(framework, cast)
+        if key is None or not optimized.plan:
+            return bind_params(optimized, tensors)
+        try:
+            path = cache_dir() / "bound" / f"{manifest.name}-{_files_key(files, key, cast)}.safetensors"
+            if not path.is_file():
+                import numpy as np
+                from safetensors.numpy import save_file
+
+                made = bind_params(optimized, {k: _to_numpy(v) for k, v in tensors.items()}, only_plan=True)
+                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_file({k: np.ascontiguousarray(v) for k, v in made.items()}, str(tmp))
+                os.replace(tmp, path)
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework=framework if framework != "np" else "numpy") as handle:
+                made = {k: handle.get_tensor(k) for k in handle.keys()}
+            if set(made) != set(optimized.plan):
+                raise ValueError("stale bound-params file")
+        except Exception:  # a cache problem never stops a load: bind in memory instead
+            log.debug("binding the optimised params in memory", exc_info=True)
+            return bind_params(optimized, tensors)
+        return {path: made[path] if path in made else tensors[path] for path, _ in optimized.program.param_paths()}
+
+    return load
+
+
+def _to_numpy(value):
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    import numpy as np
+
+    return np.asarray(value)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        log.debug("could not write the cache file %s", path)
+
+
+def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
+                 optimize: tuple[str, ...]) -> str | None:
+    """A digest of everything compiling the entry reads, or None when it cannot be had."""
+    from .. import __version__
+    from ..paths import std_dir
+
+    digest = hashlib.sha256(f"{__version__}|{dtype}|{sorted((overrides or {}).items())}|{optimize}".encode())
+    try:
+        compiler = Path(__file__).resolve().parent.parent
+        for module in sorted(compiler.glob("*.py")) + sorted(compiler.glob("*.lark")):
+            stat = module.stat()
+            digest.update(f"{module.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+        files = [manifest.dir / "nest.toml"]
+        source = manifest.source_manifest()
+        for folder in (source.dir, std_dir()):
+            files += sorted(folder.rglob("*.linnet")) + sorted(folder.glob("*.toml"))
+        for file in files:
+            digest.update(str(file).encode() + b"\0" + file.read_bytes() + b"\0")
+    except (OSError, LinnetError):
+        return None
+    return digest.hexdigest()[:24]
 
 
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
          revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
-         providers: list | None = None) -> Model:
+         providers: list | None = None, optimize: bool = True) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
     backend: "torch", "jax", "stablehlo" or "onnx".  device: e.g. "cpu", "cuda".
@@ -159,12 +311,18 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     revision of the weights repo.  weights: a local .safetensors file or folder instead of
     the manifest's checkpoint.  mode (torch): "eager" (default), "compile" or "cudagraphs".
     providers (onnx): ONNX Runtime execution providers, default the best available.
+    optimize: run the optimisation stage (`linnet.optimize`: fused Q/K/V projections, the
+    attention scale folded into the query weights when that is exact); False runs the
+    program exactly as written.
     """
     started = time.perf_counter()
     module = integration(backend)
     options = check_options(backend, module, {"mode": mode, "providers": providers})
     manifest = load_manifest(name_or_path)
-    ctx, info = prepare(manifest.dir, dtype=dtype, revision=revision, weights=weights)
+    # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
+    # module; every pass when it does not say).
+    passes = getattr(module, "OPTIMIZE", True) if optimize else False
+    ctx, info = prepare(manifest, dtype=dtype, revision=revision, weights=weights, optimize=passes)
     runtime = module.open_runtime(ctx, device=device, **options)
     info.generated = getattr(runtime, "generated", None)
     info.seconds = time.perf_counter() - started

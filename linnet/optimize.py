@@ -1,0 +1,410 @@
+"""The optimisation stage: `ir.Program` -> `ir.Program` plus a plan for binding the weights.
+
+Lowering keeps the program as written; this stage rewrites it for speed where the result is
+provably the same, and records what the weights need so that the rewritten program binds the
+*original* checkpoint (bindings.json is untouched).  The plan is applied once, when the
+weights are bound at load time (`bind_params`), never at call time.  Every backend reads the
+optimised program through the same `LoadContext`, so emitters stay simple: they see ordinary
+blocks, calls and ops.
+
+Passes, in order:
+
+* `fuse_linears` — sibling `Linear` sub-blocks applied to the same input in one statement
+  (BERT's query, key and value projections) become one `Linear` over the concatenated
+  weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
+  N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
+  better.  Each output element is still the same dot product over the same `In` values, so
+  the rounding is unchanged (measured bit-identical on MKL, MLAS and XLA:CPU).
+* `fold_attention_scale` — `attention(q, k, v, scale, mask)` where `q` comes from a `Linear`
+  through data movement only (`split_heads`: reshape and permute) and `scale` is a power of
+  two (BERT's 1 / sqrt(64) = 0.125): the scale is folded into that `Linear`'s weight and bias
+  at bind time and the call gets `scale = 1`.  Multiplying by a power of two is exact in
+  binary floating point (barring underflow into subnormals), so `(x W^T + b) * s` and
+  `x (s W)^T + s b` are the same numbers; the per-call multiply over Q disappears.  A scale
+  that is not a power of two is folded only with `exact=False`.  In f16 the fold is off by
+  default: f16's subnormal range starts at 6e-5, where real weights live.
+
+`optimize(program)` returns an `Optimized` with the new program, the `plan` (one
+`ParamTransform` per new or changed param) and `applied`, a line per rewrite for logs and
+tests.  The input program is not modified.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from . import ir
+from .dims import const
+
+LINEAR = "std.nn.linear::Linear.forward"
+ATTENTION = "std.nn.attention::attention"
+#: Passes `optimize` runs by default, in order.
+PASSES = ("fuse_linears", "fold_attention_scale")
+
+
+@dataclass(frozen=True)
+class ParamTransform:
+    """`target = concatenate([sources[i] * scales[i]], axis)` over the original params.
+
+    A single source with scale 1 is a plain rename; `scales` may also be given per row range
+    of the result (`row_scales`: (start, stop, factor) along axis 0), which is how a fold
+    into one part of an already fused weight is recorded.
+    """
+
+    target: str
+    sources: tuple[str, ...]
+    axis: int = 0
+    row_scales: tuple[tuple[int, int, float], ...] = ()
+
+
+@dataclass
+class Optimized:
+    program: ir.Program
+    plan: dict[str, ParamTransform] = field(default_factory=dict)  # target path -> transform
+    applied: list[str] = field(default_factory=list)
+
+    def source_params(self, original: ir.Program) -> dict[str, str]:
+        """Every param of the optimised program -> the original params it is made from."""
+        return {path: ", ".join(self.plan[path].sources) if path in self.plan else path
+                for path, _ in self.program.param_paths()}
+
+
+def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bool = True) -> Optimized:
+    """Run the passes over a copy of `program`; `exact=False` also allows rewrites that
+    change rounding (a scale fold that is not a power of two)."""
+    out = Optimized(copy.deepcopy(program))
+    for name in passes:
+        {"fuse_linears": _fuse_linears, "fold_attention_scale": _fold_attention_scale}[name](out, exact)
+    ir.verify(out.program)
+    return out
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _walk_exprs(expr: ir.Expr):
+    yield expr
+    if isinstance(expr, (ir.Op, ir.Call)):
+        for a in expr.args:
+            yield from _walk_exprs(a)
+
+
+def _stmt_exprs(stmts):
+    for stmt in stmts:
+        if isinstance(stmt, ir.Loop):
+            yield from _stmt_exprs(stmt.body)
+        else:
+            yield from _walk_exprs(stmt.value)
+
+
+def _map_expr(expr: ir.Expr, fn) -> ir.Expr:
+    """Rebuild `expr` bottom-up; `fn(node)` returns a replacement or None to keep it."""
+    if isinstance(expr, (ir.Op, ir.Call)):
+        args = tuple(_map_expr(a, fn) for a in expr.args)
+        if args != expr.args:
+            expr = replace(expr, args=args)
+    replaced = fn(expr)
+    return expr if replaced is None else replaced
+
+
+def _is_pure(expr: ir.Expr) -> bool:
+    """No calls inside: evaluating it twice in one statement gives the same value."""
+    return not any(isinstance(e, ir.Call) for e in _walk_exprs(expr))
+
+
+def _block_paths(program: ir.Program, block_id: str) -> list[str]:
+    """Every param-path prefix at which `block_id` is instantiated (`layers.3.attention.`)."""
+    out: list[str] = []
+
+    def walk(bid: str, prefix: str) -> None:
+        if bid == block_id:
+            out.append(prefix)
+        for sub in program.blocks[bid].subs:
+            if sub.count is None:
+                walk(sub.block, f"{prefix}{sub.name}.")
+            else:
+                for i in range(sub.count):
+                    walk(sub.block, f"{prefix}{sub.name}.{i}.")
+
+    walk(program.root, "")
+    return out
+
+
+def _is_std_linear(program: ir.Program, fn: ir.Function) -> bool:
+    """A method of std.nn.linear::Linear whose body is exactly `matmul(x, transpose(weight)) + bias`."""
+    if fn.source != LINEAR or fn.block is None or len(fn.params) != 1:
+        return False
+    params = dict(program.blocks[fn.block].params)
+    if set(params) != {"weight", "bias"} or params["weight"].rank != 2:
+        return False
+    if len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
+        return False
+    e = fn.body[0].value
+    return (isinstance(e, ir.Op) and e.op == "add" and isinstance(e.args[1], ir.ParamRef)
+            and e.args[1].name == "bias" and isinstance(e.args[0], ir.Op) and e.args[0].op == "matmul"
+            and isinstance(e.args[0].args[0], ir.Ref) and e.args[0].args[0].name == fn.params[0][0]
+            and isinstance(e.args[0].args[1], ir.Op) and e.args[0].args[1].op == "transpose"
+            and isinstance(e.args[0].args[1].args[0], ir.ParamRef)
+            and e.args[0].args[1].args[0].name == "weight")
+
+
+def _unique(name: str, taken) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
+def _sub_uses(program: ir.Program, block_id: str) -> dict[str, int]:
+    """How many times each sub member of a block is called, over all of its methods."""
+    counts: dict[str, int] = {}
+    for fn in program.methods_of(block_id):
+        for e in _stmt_exprs(fn.body):
+            if isinstance(e, ir.Call) and e.receiver not in (None, "self"):
+                counts[e.receiver] = counts.get(e.receiver, 0) + 1
+    return counts
+
+
+# ------------------------------------------------------------- fuse_linears
+
+
+def _fuse_linears(out: Optimized, exact: bool) -> None:
+    program = out.program
+    for block_id in list(program.blocks):
+        block = program.blocks[block_id]
+        for fn in program.methods_of(block_id):
+            index = 0
+            while index < len(fn.body):
+                stmt = fn.body[index]
+                group = None if isinstance(stmt, ir.Loop) else _linear_group(program, block, fn, stmt)
+                if group is None:
+                    index += 1
+                    continue
+                let = _fuse_group(out, block, fn, stmt, group)
+                fn.body[index:index] = [let]
+                index += 2
+
+
+def _linear_group(program: ir.Program, block: ir.Block, fn: ir.Function, stmt) -> list[ir.Call] | None:
+    """Calls in `stmt` of distinct, single, otherwise unused Linear subs on one pure input."""
+    subs = {s.name: s for s in block.subs}
+    uses = _sub_uses(program, block.id)
+    by_input: dict[tuple, list[ir.Call]] = {}
+    for e in _walk_exprs(stmt.value):
+        if not (isinstance(e, ir.Call) and e.receiver in subs and subs[e.receiver].count is None):
+            continue
+        callee = program.functions[e.function]
+        if not _is_std_linear(program, callee) or uses.get(e.receiver) != 1 or not _is_pure(e.args[0]):
+            continue
+        weight = dict(program.blocks[callee.block].params)["weight"]
+        key = (e.args[0], weight.dims[1], weight.dtype)
+        group = by_input.setdefault(key, [])
+        if all(c.receiver != e.receiver for c in group):
+            group.append(e)
+    groups = [g for g in by_input.values() if len(g) >= 2]
+    return groups[0] if groups else None
+
+
+def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, stmt, group: list[ir.Call]) -> ir.Let:
+    program = out.program
+    first = program.functions[group[0].function]
+    weights = [dict(program.blocks[program.functions[c.function].block].params) for c in group]
+    widths = [w["weight"].dims[0].as_int() for w in weights]
+    total = sum(widths)
+    in_dim, dtype = weights[0]["weight"].dims[1], weights[0]["weight"].dtype
+    # The fused sub-block: a std Linear<In, sum of Outs>, so every emitter's Linear form applies.
+    fused_block_id = _unique(f"Linear_{in_dim}_{total}", program.blocks)
+    member = _unique("_".join(c.receiver for c in group),
+                     {s.name for s in block.subs} | {n for n, _ in block.params})
+    wt, bt = ir.TensorType((const(total), in_dim), dtype), ir.TensorType((const(total),), dtype)
+    fused_fn_id = f"{fused_block_id}.{first.name}"
+    x_name = first.params[0][0]
+    result = ir.TensorType(group[0].type.dims[:-1] + (const(total),), dtype)
+    body_line = first.body[0].line
+    body = ir.Op("add", (ir.Op("matmul", (ir.Ref(x_name, group[0].args[0].type),
+                                          ir.Op("transpose", (ir.ParamRef("weight", wt),),
+                                                ir.TensorType((in_dim, const(total)), dtype), body_line)),
+                               result, body_line),
+                         ir.ParamRef("bias", bt)), result, body_line)
+    program.functions[fused_fn_id] = ir.Function(
+        fused_fn_id, first.name, first.source, fused_block_id, [(x_name, group[0].args[0].type)],
+        [ir.Return(body, body_line)], result, first.span,
+        {**first.generics, "Out": total}, dict(first.dim_sources))
+    source_block = program.blocks[first.block]
+    program.blocks[fused_block_id] = ir.Block(fused_block_id, source_block.name, source_block.source,
+                                              {**source_block.generics, "Out": total}, [("weight", wt), ("bias", bt)],
+                                              [], {first.name: fused_fn_id}, source_block.span)
+    block.subs = [s for s in block.subs if s.name not in {c.receiver for c in group}]
+    block.subs.insert(0, ir.Sub(member, fused_block_id, None))
+    # The plan: the fused weight and bias are the originals concatenated along Out.
+    for prefix in _block_paths(program, block.id):
+        for p in ("weight", "bias"):
+            out.plan[f"{prefix}{member}.{p}"] = ParamTransform(
+                f"{prefix}{member}.{p}", tuple(f"{prefix}{c.receiver}.{p}" for c in group), 0)
+    # The statement: `let <member> = <member>.forward(x)` before it, each call a slice of it.
+    taken = {n for n, _ in fn.params} | {s.name for s in fn.body if isinstance(s, (ir.Let, ir.Assign))}
+    local = _unique(member, taken)
+    let = ir.Let(local, ir.Call(fused_fn_id, (group[0].args[0],), result, stmt.line, member), stmt.line)
+    slices: dict[int, ir.Op] = {}
+    start = 0
+    rank = result.rank
+    for call, width in zip(group, widths):
+        items = tuple(("slice", const(0), None) for _ in range(rank - 1)) + (("slice", const(start), const(start + width)),)
+        slices[id(call)] = ir.Op("index", (ir.Ref(local, result),), call.type, call.line, (("items", items),))
+        start += width
+    targets = {c: slices[id(c)] for c in group}
+
+    def swap(e):
+        return targets.get(e) if isinstance(e, ir.Call) and e in targets else None
+
+    fn.body[fn.body.index(stmt)] = replace(stmt, value=_map_expr(stmt.value, swap))
+    out.applied.append(f"{block.id}.{fn.name}: fused {', '.join(c.receiver for c in group)} into one "
+                       f"Linear<{in_dim}, {total}> `{member}`")
+    return let
+
+
+# ----------------------------------------------------- fold_attention_scale
+
+
+def _power_of_two(value: float) -> bool:
+    mantissa, _ = math.frexp(value)
+    return value > 0 and mantissa == 0.5
+
+
+def _data_movement(program: ir.Program, fn: ir.Function) -> bool:
+    """A free function whose body only reshapes/permutes its one argument."""
+    if fn.block is not None or len(fn.params) != 1 or len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
+        return False
+    e = fn.body[0].value
+    while isinstance(e, ir.Op) and e.op in ("reshape", "permute"):
+        e = e.args[0]
+    return isinstance(e, ir.Ref) and e.name == fn.params[0][0]
+
+
+def _fold_attention_scale(out: Optimized, exact: bool) -> None:
+    program = out.program
+    for block_id in list(program.blocks):
+        block = program.blocks[block_id]
+        uses = _sub_uses(program, block_id)
+        for fn in program.methods_of(block_id):
+            lets = {s.name: s.value for s in fn.body if isinstance(s, ir.Let)}
+            assigned = {s.name for s in fn.body if isinstance(s, ir.Assign)}
+
+            def fold(e):
+                if not (isinstance(e, ir.Call) and program.functions[e.function].source == ATTENTION):
+                    return None
+                scale = e.args[3]
+                if not isinstance(scale, ir.Scalar) or scale.value == 1.0:
+                    return None
+                if exact and (not _power_of_two(scale.value) or scale.type.dtype == "f16"):
+                    return None
+                target = _linear_source(program, block, fn, e.args[0], lets, assigned, uses)
+                if target is None:
+                    return None
+                member, start, stop = target
+                for prefix in _block_paths(program, block_id):
+                    for p in ("weight", "bias"):
+                        path = f"{prefix}{member}.{p}"
+                        t = out.plan.get(path, ParamTransform(path, (path,), 0))
+                        out.plan[path] = replace(t, row_scales=t.row_scales + ((start, stop, scale.value),))
+                out.applied.append(f"{block_id}.{fn.name}: folded the attention scale {scale.value:g} into "
+                                   f"`{member}` rows [{start}, {stop})")
+                return replace(e, args=e.args[:3] + (replace(scale, value=1.0),) + e.args[4:])
+
+            for i, stmt in enumerate(fn.body):
+                if not isinstance(stmt, ir.Loop):
+                    fn.body[i] = replace(stmt, value=_map_expr(stmt.value, fold))
+
+
+def _linear_source(program, block, fn, q, lets, assigned, uses) -> tuple[str, int, int] | None:
+    """(sub member, first row, end row) of the Linear whose output `q` is, through data movement."""
+    while True:
+        if isinstance(q, ir.Call) and q.receiver is None and _data_movement(program, program.functions[q.function]):
+            q = q.args[0]
+        elif isinstance(q, ir.Op) and q.op in ("reshape", "permute"):
+            q = q.args[0]
+        else:
+            break
+    subs = {s.name: s for s in block.subs}
+    if isinstance(q, ir.Op) and q.op == "index" and isinstance(q.args[0], ir.Ref):
+        items = q.attr("items")
+        *lead, last = items
+        if not all(i == ("slice", const(0), None) for i in lead) or last[0] != "slice" or last[2] is None:
+            return None
+        name = q.args[0].name
+        if name in assigned or name not in lets:
+            return None
+        q, rows = lets[name], (last[1].as_int(), last[2].as_int())
+    else:
+        rows = None
+    if not (isinstance(q, ir.Call) and q.receiver in subs and subs[q.receiver].count is None
+            and uses.get(q.receiver) == 1 and _is_std_linear(program, program.functions[q.function])):
+        return None
+    width = dict(program.blocks[program.functions[q.function].block].params)["weight"].dims[0].as_int()
+    return (q.receiver, *(rows or (0, width)))
+
+
+# ------------------------------------------------------------------ binding
+
+
+def bind_params(optimized: Optimized, tensors: Mapping[str, Any], *, only_plan: bool = False) -> dict[str, Any]:
+    """The optimised program's params from the original ones, applying the plan once.
+
+    Works on numpy arrays, torch tensors and JAX arrays alike.  Params the plan does not
+    mention are passed through as they are (no copy); `only_plan` returns just the ones it
+    makes.
+    """
+    out: dict[str, Any] = {}
+    for path, t in optimized.program.param_paths():
+        transform = optimized.plan.get(path)
+        if transform is None:
+            if not only_plan:
+                out[path] = tensors[path]
+            continue
+        parts = [tensors[s] for s in transform.sources]
+        value = parts[0] if len(parts) == 1 else _concat(parts, transform.axis)
+        if transform.row_scales:
+            value = _scale_rows(value, transform.row_scales, owned=len(parts) > 1)
+        out[path] = value
+    return out
+
+
+def _kind(array) -> str:
+    module = type(array).__module__
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("numpy"):
+        return "numpy"
+    return "jax"
+
+
+def _concat(parts: list, axis: int):
+    kind = _kind(parts[0])
+    if kind == "torch":
+        import torch
+        return torch.cat(parts, dim=axis)
+    if kind == "numpy":
+        import numpy as np
+        return np.concatenate(parts, axis=axis)
+    import jax.numpy as jnp
+    return jnp.concatenate(parts, axis=axis)
+
+
+def _scale_rows(value, row_scales, owned: bool):
+    kind = _kind(value)
+    if kind == "torch":
+        value = value if owned else value.clone()
+        for start, stop, factor in row_scales:
+            value[start:stop] *= factor
+        return value
+    if kind == "numpy":
+        import numpy as np
+        value = value if owned and value.flags.writeable else np.array(value)
+        for start, stop, factor in row_scales:
+            value[start:stop] *= value.dtype.type(factor)
+        return value
+    for start, stop, factor in row_scales:
+        value = value.at[start:stop].multiply(factor)
+    return value

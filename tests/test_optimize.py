@@ -1,0 +1,127 @@
+"""The optimisation stage (linnet/optimize.py): what it rewrites, the bind-time param plan,
+and that the optimised program computes the same numbers as the program as written.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from linnet import ir, nest
+from linnet.optimize import ParamTransform, bind_params, optimize
+
+
+@pytest.fixture(scope="module")
+def bert_program():
+    ctx, _ = nest.prepare("bert-base-uncased", need_weights=False)
+    return ctx.program
+
+
+@pytest.fixture(scope="module")
+def minilm_program():
+    ctx, _ = nest.prepare("all-minilm-l6-v2", need_weights=False)
+    return ctx.program
+
+
+def test_qkv_fused_and_power_of_two_scale_folded(bert_program):
+    before = [p for p, _ in bert_program.param_paths()]
+    out = optimize(bert_program)
+    ir.verify(out.program)
+    attention = out.program.blocks["Attention"]
+    assert [s.name for s in attention.subs] == ["query_key_value", "out"]
+    fused = out.program.blocks[attention.subs[0].block]
+    assert fused.source == "std.nn.linear::Linear" and dict(fused.params)["weight"].dims[0].as_int() == 2304
+    assert out.plan["layers.0.attention.query_key_value.weight"] == ParamTransform(
+        "layers.0.attention.query_key_value.weight",
+        ("layers.0.attention.query.weight", "layers.0.attention.key.weight", "layers.0.attention.value.weight"),
+        0, ((0, 768, 0.125),))
+    assert len(out.plan) == 2 * 12
+    # 1 / sqrt(64) = 0.125 is a power of two, so the call now passes scale 1.
+    call = out.program.functions["Attention.forward"].body[1].value
+    assert call.args[3] == ir.Scalar(1.0, call.args[3].type)
+    # The input program is left as it was.
+    assert [p for p, _ in bert_program.param_paths()] == before
+    assert "query_key_value" not in {s.name for s in bert_program.blocks["Attention"].subs}
+
+
+def test_scale_that_is_not_a_power_of_two_is_kept_unless_inexact_allowed(minilm_program):
+    exact = optimize(minilm_program)  # Dh = 32: scale 1 / sqrt(32)
+    assert all(not t.row_scales for t in exact.plan.values())
+    assert any("fused query, key, value" in line for line in exact.applied)
+    loose = optimize(minilm_program, exact=False)
+    assert loose.plan["layers.0.attention.query_key_value.bias"].row_scales[0][:2] == (0, 384)
+
+
+def test_passes_can_be_chosen(bert_program):
+    only_scale = optimize(bert_program, passes=("fold_attention_scale",))
+    assert {s.name for s in only_scale.program.blocks["Attention"].subs} == {"query", "key", "value", "out"}
+    assert only_scale.plan["layers.3.attention.query.weight"].row_scales == ((0, 768, 0.125),)
+    assert not optimize(bert_program, passes=()).plan
+
+
+def _random_params(program: ir.Program, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {path: (rng.standard_normal(tuple(d.as_int() for d in t.dims)) * 0.05).astype(np.float32)
+            for path, t in program.param_paths()}
+
+
+def test_bind_params_applies_the_plan_once(bert_program):
+    out = optimize(bert_program)
+    params = _random_params(bert_program)
+    bound = bind_params(out, params)
+    assert set(bound) == {p for p, _ in out.program.param_paths()}
+    w = bound["layers.2.attention.query_key_value.weight"]
+    np.testing.assert_array_equal(w[:768], params["layers.2.attention.query.weight"] * np.float32(0.125))
+    np.testing.assert_array_equal(w[768:1536], params["layers.2.attention.key.weight"])
+    np.testing.assert_array_equal(w[1536:], params["layers.2.attention.value.weight"])
+    assert bound["layers.2.up.weight"] is params["layers.2.up.weight"]  # untouched params are not copied
+    assert params["layers.2.attention.query.weight"].max() > 0  # the originals are not modified in place
+
+
+def _torch_model(program: ir.Program, params: dict):
+    import torch
+
+    from linnet.backends.pytorch import emit
+    from linnet.backends.torch_runtime import torch_param_name
+    from linnet.backends.pysource import py_name
+
+    module = types.ModuleType("linnet_test_optimize_model")
+    exec(compile(emit(program), "<generated>", "exec"), module.__dict__)
+    with torch.device("meta"):
+        model = getattr(module, py_name(program.root))()
+    state = {torch_param_name(k): torch.from_numpy(np.ascontiguousarray(v)) for k, v in params.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (2, 7), (1, 128)])
+def test_optimised_torch_program_is_bit_identical(bert_program, batch, seq):
+    torch = pytest.importorskip("torch")
+    out = optimize(bert_program)
+    params = _random_params(bert_program, seed=1)
+    plain, fused = _torch_model(bert_program, params), _torch_model(out.program, bind_params(out, params))
+    rng = np.random.default_rng(seq)
+    tokens = torch.from_numpy(rng.integers(0, 30522, (batch, seq), dtype=np.int32))
+    types_ = torch.from_numpy(rng.integers(0, 2, (batch, seq), dtype=np.int32))
+    mask = torch.ones((batch, seq), dtype=torch.int32)
+    if seq > 1:
+        mask[0, -2:] = 0
+    with torch.inference_mode():
+        a, b = plain.pool(tokens, types_, mask), fused.pool(tokens, types_, mask)
+        h1, h2 = plain(tokens, types_, mask), fused(tokens, types_, mask)
+    assert (h1 - h2).abs().max().item() == 0.0
+    assert (a - b).abs().max().item() == 0.0
+
+
+def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):
+    optimised = nest.load("all-minilm-l6-v2", backend="torch")
+    plain = nest.load("all-minilm-l6-v2", backend="torch", optimize=False)
+    assert "query_key_value" in optimised.info.generated.read_text()
+    assert "query_key_value" not in plain.info.generated.read_text()
+    tokens = np.random.default_rng(3).integers(0, 30522, (2, 33))
+    assert (optimised(tokens) - plain(tokens)).abs().max().item() == 0.0
+    assert (optimised.embed(tokens) - plain.embed(tokens)).abs().max().item() == 0.0
+    # The second load reads the compiled program and the fused weights from the cache.
+    again = nest.load("all-minilm-l6-v2", backend="torch")
+    assert (again(tokens) - optimised(tokens)).abs().max().item() == 0.0
