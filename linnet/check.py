@@ -23,8 +23,8 @@ from .prims import PRIMS, PrimCall
 from .resolve import ModuleInfo, Program
 from .types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, DimT, DTypeVar,
                     ErrorT, ListT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type, Variadic,
-                    WEAK_INT, dims_only, dtype_kind_ok, format_binding, is_float, scalar, substitute,
-                    substitute_dims, substitute_dtype, weak_fits)
+                    WEAK_INT, dims_only, dtype_kind_ok, format_binding, is_float, number_range, scalar, substitute,
+                    substitute_dims, weak_fits)
 
 
 class _Failure(Exception):
@@ -326,6 +326,11 @@ class Checker:
         if isinstance(value, ast.FloatLit) and not is_float(dtype):
             _fail("E0330", f"constant `{node.name}` is declared {dtype} but its value {value.text} is a float",
                   value.span)
+        low, high = number_range(dtype)
+        if isinstance(value, ast.IntLit) and not low <= value.value <= high:
+            shown = value.value if len(str(value.value)) <= 30 else str(value.value)[:12] + "..."
+            _fail("E0330", f"constant `{node.name}` is declared {dtype}, which holds [{low:g}, {high:g}], but its "
+                  f"value is {shown}", value.span)
         self.consts[self._key(module, node.name)] = (value.value, dtype)
 
     def _generic_infos(self, params: list[ast.GenericParam], outer: dict[str, GenericInfo]) -> list[GenericInfo]:

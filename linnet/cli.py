@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from .diagnostics import InternalError, LinnetError, to_json
+from .diagnostics import InternalError, LinnetError
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 

@@ -8,7 +8,7 @@ the compiler itself is an `InternalError`, which says so instead of blaming the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -108,8 +108,10 @@ class SourceMap:
             except (OSError, UnicodeDecodeError):
                 return None
             self._texts[file] = text
-        lines = text.splitlines()
-        return lines[line - 1] if 0 < line <= len(lines) else None
+        # Lines as the parser counts them: only "\n" ends one (str.splitlines would also split
+        # at form feeds, U+2028 and lone "\r", and quote the wrong line).
+        lines = text.split("\n")
+        return lines[line - 1].removesuffix("\r") if 0 < line <= len(lines) else None
 
 
 def _excerpt(span: Span, sources: SourceMap | None, gutter: int) -> list[str]:

@@ -296,9 +296,16 @@ def _check_clauses(block: BlockSig, env, errors: list[Diagnostic], origins=None)
                 clause.span, notes))
 
 
+#: The most block instances one model may have: every one is built, lowered and emitted, so a
+#: `sub layers: [Layer; Layers]` with Layers = 10^9 is refused instead of running for hours.
+MAX_BLOCK_INSTANCES = 100_000
+
+
 def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
-           errors: list[Diagnostic] | None = None, origins=None) -> BlockInstance:
+           errors: list[Diagnostic] | None = None, origins=None, budget: list[int] | None = None) -> BlockInstance:
     errors = [] if errors is None else errors
+    budget = [MAX_BLOCK_INSTANCES] if budget is None else budget
+    budget[0] -= 1
     instance = BlockInstance(block, env, path)
     prefix = f"{path}." if path else ""
     for name, (t, span) in block.params.items():
@@ -321,9 +328,15 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
                 errors.append(_bad_dims(block, f"sub array `{prefix + name}`", str(exc), span, env, origins,
                                         sub.count))
                 continue
-            if count < 0:
+            if count <= 0:  # an empty array has no element to give its type a concrete block
                 errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} "
-                                        f"is {count}", span, env, origins, sub.count))
+                                        f"is {count}; a sub array needs at least one element", span, env,
+                                        origins, sub.count))
+                continue
+            if count > budget[0]:
+                errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} is "
+                                        f"{count}, more than the {MAX_BLOCK_INSTANCES:,} block instances a model "
+                                        "may have", span, env, origins, sub.count))
                 continue
             element = sub.element
         else:
@@ -336,10 +349,17 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
         child = checked.blocks[element.block]
         # A child's values are derived from the parent's, so they have no origin of their own.
         if count is None:
-            instance.children[name] = _build(child, child_env, prefix + name, checked, errors)
+            instance.children[name] = _build(child, child_env, prefix + name, checked, errors, budget=budget)
         else:
-            instance.children[name] = [_build(child, dict(child_env), f"{prefix}{name}.{i}", checked, errors)
-                                       for i in range(count)]
+            instance.children[name] = []
+            for i in range(count):
+                if budget[0] <= 0:
+                    errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"the model would have more "
+                                            f"than the {MAX_BLOCK_INSTANCES:,} block instances a model may have",
+                                            span, env, origins, sub.count))
+                    break
+                instance.children[name].append(_build(child, dict(child_env), f"{prefix}{name}.{i}", checked,
+                                                      errors, budget=budget))
     return instance
 
 
@@ -371,7 +391,6 @@ def _substitute_binding(value: Binding, env) -> Binding:
 
 def _entry_signature(fn: FnSig, env) -> EntrySignature:
     params = [(name, substitute(t, env)) for name, t, _ in fn.params]
-    own = {g.name for g in fn.generics}
     preconditions = [Precondition(c, c.substitute(env)) for c in fn.where if isinstance(c, WhereClause)]
     # A clause that the block's generics alone make true says nothing about the inputs.
     preconditions = [p for p in preconditions if _evaluate(p.bound, {}) is not True]

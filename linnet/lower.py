@@ -17,12 +17,36 @@ from .check import CheckedProgram, FnSig
 from .diagnostics import InternalError, LinnetError, Diagnostic
 from .dims import DimExpr, const, sym
 from .instantiate import BlockInstance, Instance
-from .types import (Binding, DimT, ListT, NoneT, OptionT, SomeT, TensorT, Type, Variadic, dims_only,
-                    substitute, substitute_dims)
+from .types import (Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
+                    number_range, substitute, substitute_dims)
 
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 _FOLDABLE = {"rsqrt": lambda x: 1.0 / math.sqrt(x), "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
              "tanh": math.tanh, "erf": math.erf, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x))}
+
+
+def _number(value: int, dtype: str, span) -> float:
+    """An integer (a literal or a concrete dim) as a number of `dtype`; one that does not fit is
+    an error at its source, not an overflow inside a backend."""
+    low, high = number_range(dtype)
+    if not low <= value <= high:
+        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:12]}...({len(str(value))} digits)"
+        raise LinnetError(Diagnostic("E0330", f"the number {shown} does not fit {dtype}, whose values lie in "
+                                     f"[{low:g}, {high:g}]", span))
+    return float(value)
+
+
+def _fold(name: str, x: float) -> float:
+    """A primitive of a constant, with IEEE results where math raises (`rsqrt(0.0)` is inf)."""
+    try:
+        return _FOLDABLE[name](x)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        import numpy as np
+
+        ufunc = {"rsqrt": lambda v: 1.0 / np.sqrt(v), "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
+                 "tanh": np.tanh, "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v))}[name]
+        with np.errstate(all="ignore"):
+            return float(ufunc(np.float64(x)))
 
 
 def _concrete(t: Type, env) -> ir.TensorType:
@@ -276,16 +300,16 @@ class Lowerer:
             return self._dim(t.expr, scope)
         result = _concrete(t, {})
         left, right = self._expr(node.left, scope), self._expr(node.right, scope)
-        args = tuple(self._as_operand(a, result.dtype) for a in (left, right))
+        args = tuple(self._as_operand(a, result.dtype, n.span) for a, n in ((left, node.left), (right, node.right)))
         if all(isinstance(a, ir.Scalar) for a in args):
             return ir.Scalar(_fold_arith(node.op, args[0].value, args[1].value), result)
         return ir.Op(_ARITH[node.op], args, result, node.span.line)
 
     @staticmethod
-    def _as_operand(expr: ir.Expr, dtype: str) -> ir.Expr:
+    def _as_operand(expr: ir.Expr, dtype: str, span=None) -> ir.Expr:
         """Numbers in a tensor expression take the expression's dtype."""
         if isinstance(expr, ir.DimValue) and expr.expr.as_int() is not None:
-            return ir.Scalar(float(expr.expr.as_int()), ir.TensorType((), dtype))
+            return ir.Scalar(_number(expr.expr.as_int(), dtype, span), ir.TensorType((), dtype))
         if isinstance(expr, ir.Scalar):
             return ir.Scalar(expr.value, ir.TensorType((), dtype))
         return expr
@@ -300,6 +324,12 @@ class Lowerer:
                 items.append(("slice", start, stop))
             else:
                 items.append(("index", self._static(item, scope)))
+            low, high = number_range("i64")  # every backend indexes with 64-bit integers
+            for bound in items[-1][1:]:
+                value = bound.as_int() if bound is not None else None
+                if value is not None and not low < value < high:
+                    raise LinnetError(Diagnostic("E0326", f"index {value if len(str(value)) <= 30 else '(huge)'} "
+                                                 "is out of bounds for any tensor (indices are 64-bit)", item.span))
         return ir.Op("index", (target,), self._tensor_type(node, scope), node.span.line, (("items", tuple(items)),))
 
     def _static(self, node, scope) -> DimExpr:
@@ -349,7 +379,8 @@ class Lowerer:
         if name == "cast":
             arg = self._expr(node.args[0], scope)
             if isinstance(arg, ir.DimValue) and arg.expr.as_int() is not None:
-                return ir.Scalar(float(arg.expr.as_int()), _concrete(result_t, {}))
+                result = _concrete(result_t, {})
+                return ir.Scalar(_number(arg.expr.as_int(), result.dtype, node.args[0].span), result)
             return ir.Op("cast", (arg,), _concrete(result_t, {}), node.span.line, (("dtype", dtypes[0]),))
         result = _concrete(result_t, {})
         if name in ("reshape", "permute"):
@@ -371,9 +402,9 @@ class Lowerer:
         operand = next((a.type.dtype for a in args if name in _COMPARISONS and isinstance(a, (ir.Op, ir.Call, ir.Ref,
                                                                                             ir.ParamRef))),
                        result.dtype)
-        args = tuple(self._as_operand(a, operand) for a in args)
+        args = tuple(self._as_operand(a, operand, n.span) for a, n in zip(args, node.args))
         if name in _FOLDABLE and isinstance(args[0], ir.Scalar):
-            return ir.Scalar(_FOLDABLE[name](args[0].value), result)
+            return ir.Scalar(_fold(name, args[0].value), result)
         return ir.Op(name, args, result, node.span.line)
 
 

@@ -135,7 +135,9 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     col = getattr(exc, "column", None) or 1
     at_eof = isinstance(exc, UnexpectedEOF) or isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
     if at_eof:
-        lines = text.splitlines() or [""]
+        # Lines as lark counts them: only "\n" ends one (not form feeds, U+2028, ...); the
+        # end of file sits after the last line's text, not on the empty line after its "\n".
+        lines = text.removesuffix("\n").split("\n")
         line, col = len(lines), len(lines[-1]) + 1
         found, width = "end of file", 1
     elif isinstance(exc, UnexpectedToken):
@@ -171,7 +173,7 @@ def _unclosed_bracket(text: str) -> tuple[int, int, str] | None:
     """The innermost bracket still open at the end of `text` (line, col, char), ignoring comments."""
     stack: list[tuple[int, int, str]] = []
     pairs = {")": "(", "]": "[", "}": "{"}
-    for number, source_line in enumerate(text.splitlines(), start=1):
+    for number, source_line in enumerate(text.split("\n"), start=1):  # lark's line numbers
         code_part = source_line.split("//", 1)[0]
         for index, char in enumerate(code_part, start=1):
             if char in "([{":

@@ -12,8 +12,7 @@ from typing import Callable, NoReturn, Protocol
 
 from .diagnostics import Span
 from .dims import DimExpr, const
-from .types import (WEAK_INT, DimT, DType, ErrorT, ListT, TensorT, Type, Variadic, dtype_kind_ok, is_float,
-                    is_int, scalar)
+from .types import WEAK_INT, DimT, DType, ListT, TensorT, Type, Variadic, is_float, is_int, scalar
 
 
 class PrimContext(Protocol):

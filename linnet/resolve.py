@@ -146,7 +146,7 @@ class Resolver:
         if not item.public:
             self.errors.append(Diagnostic(
                 "E0106", f"`{name}` is private to module `{target.name}`", span,
-                (Note(f"declared here without `pub`", item.name_span),)))
+                (Note("declared here without `pub`", item.name_span),)))
             return
         if name in info.scope:
             _, existing = info.scope[name]

@@ -94,12 +94,12 @@ def _input_error(entry: ir.Entry, message: str, *notes: str) -> InputError:
 
 def to_numpy(value, name: str, entry: ir.Entry) -> np.ndarray:
     """Accept numpy arrays, torch/JAX tensors, nested lists and scalars; refuse ragged lists."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, without importing torch
-        value = value.detach().cpu().numpy()
     try:
+        if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, without importing torch
+            value = value.detach().cpu().numpy()  # (bf16 has no numpy form: TypeError)
         array = np.asarray(value)
-    except (ValueError, TypeError) as exc:
-        raise _input_error(entry, f"`{name}` is not a rectangular array: {exc}") from None
+    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
+        raise _input_error(entry, f"`{name}` is not a rectangular array of numbers numpy can read: {exc}") from None
     if array.dtype == object:
         raise _input_error(entry, f"`{name}` is not a rectangular array of numbers (ragged or mixed nested lists)")
     return array
@@ -191,7 +191,7 @@ class InputValidator:
                 values = ", ".join(f"{d} = {dims[d]}" for d in sorted(left.free_symbols() | right.free_symbols()) if d in dims)
                 raise InputError(Diagnostic(
                     "E0702", f"`{self.entry.name}` requires {left} {op} {right}, but {values}", span,
-                    (Note(f"declared by this `where` clause (the model's limit; e.g. truncate longer sequences)"),)))
+                    (Note("declared by this `where` clause (the model's limit; e.g. truncate longer sequences)"),)))
 
     def _check_bounds(self, name: str, array: np.ndarray) -> None:
         bound = self.bounds.get(name)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 from .. import ir
 from ..diagnostics import InternalError
-from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_name,
-                       py_scalar)
+from .pysource import (PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer, header,
+                       mentions, py_dim, py_index_item, py_name, py_scalar)
 
 JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
               "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
@@ -98,26 +98,26 @@ class JaxEmitter:
     def _function(self, fn: ir.Function) -> str:
         params = [py_name(name) for name, _ in fn.params]
         signature = ", ".join(([PARAMS] if fn.block else []) + params)
-        where = f"{fn.span.file}:{fn.span.line}"
+        where = comment_text(f"{fn.span.file}:{fn.span.line}")
         lines = [f"def {PLACEHOLDER}({signature}):",
-                 f"    # {fn.source}<{comment_generics(fn.generics)}>  ({where})"]
+                 f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
         template = FUSED.get(fn.source) if self.fused else None
         if template is not None:
             args = [py_name(name) if t is not None else "None" for name, t in fn.params]
-            lines.append(f"    return {template(fn, args)}  # fused form of {fn.source}")
+            lines.append(f"    return {template(fn, args)}  # fused form of {comment_text(fn.source)}")
             return "\n".join(lines)
         body = self._stmts(fn.body, fn, 1, loop_vars=frozenset())
         used = "\n".join(body)
         for dim, (param, axis) in sorted(fn.dim_sources.items()):
-            if _mentions(used, dim):
-                lines.append(f"    {dim} = {py_name(param)}.shape[{axis}]")
+            if mentions(used, py_name(dim)):
+                lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
         return "\n".join(lines + body)
 
     def _stmts(self, stmts, fn: ir.Function, depth: int, loop_vars: frozenset[str]) -> list[str]:
         pad = "    " * depth
         out: list[str] = []
         for stmt in stmts:
-            where = f"  # {fn.span.file}:{stmt.line}"
+            where = f"  # {comment_text(fn.span.file)}:{stmt.line}"
             if isinstance(stmt, ir.Loop):
                 # Unrolled at trace time: one copy of the body per element of the sub array.
                 out.append(f'{pad}for {py_name(stmt.var)} in {PARAMS}["{stmt.member}"]:{where}')
@@ -193,7 +193,7 @@ class JaxEmitter:
             # Rows of the table along its first axis, whatever its rank (torch: `table[ids]`).
             return f"jnp.take({a[0]}, {a[1]}, axis=0)", _ATOM
         if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape'))})", _ATOM
+            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", _ATOM  # () for rank 0
         if op == "permute":
             perm = e.attr("perm")
             axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
@@ -205,21 +205,8 @@ class JaxEmitter:
                 return f"jnp.asarray({a[0]}, dtype={JAX_DTYPES[e.attr('dtype')]})", _ATOM
             return f"{x}.astype({JAX_DTYPES[e.attr('dtype')]})", _ATOM
         if op == "index":
-            return f"{x}[{', '.join(_index_item(i) for i in e.attr('items'))}]", _ATOM
+            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", _ATOM
         raise NotImplementedError(f"the JAX backend has no template for `{op}`")
-
-
-def _index_item(item) -> str:
-    if item[0] == "index":
-        return py_dim(item[1])
-    _, start, stop = item
-    lo = "" if start.as_int() == 0 else py_dim(start)
-    hi = "" if stop is None else py_dim(stop)
-    return f"{lo}:{hi}"
-
-
-def _mentions(text: str, name: str) -> bool:
-    return re.search(rf"(?<![\w.\"]){re.escape(name)}(?![\w\"])", text) is not None
 
 
 # --------------------------------------------------------------------- params tree

@@ -511,8 +511,9 @@ def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: 
     out = elem_type(dtype)
     scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (attention: MatMul, Softmax, MatMul)"
     # The scale multiplies Q (S x Dh per head) rather than the scores (S x S): fewer multiplies.
-    scaled = em.node("Mul", [q, scale], out,
-                     scope=scope, doc=doc + ", scale folded into Q")
+    # A scale of exactly 1 (linnet.optimize folded it into the query weights) needs no node.
+    scaled = q if scalars.get(3) == 1.0 else em.node("Mul", [q, scale], out,
+                                                     scope=scope, doc=doc + ", scale folded into Q")
     rank = fn.params[1][1].rank
     keys = em.node("Transpose", [k], out, scope=scope, doc=doc, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
     scores = em.node("MatMul", [scaled, keys], out, scope=scope, doc=doc)
@@ -526,6 +527,8 @@ def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dic
     """y = x W^T + b as MatMul with the weight stored [In, Out], then Add (Gemm is 2-D only)."""
     fn = frame.fn
     params = dict(em.program.blocks[fn.block].params)
+    if "weight" not in params or "bias" not in params:  # not the std Linear this form is for
+        return None
     out = elem_type(fn.result.dtype)
     scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused Linear: MatMul + Add)"
     weight = em.param(frame.prefix + "weight", params["weight"], transposed=True)
@@ -533,13 +536,31 @@ def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dic
     return em.node("Add", [y, em.param(frame.prefix + "bias", params["bias"])], out, scope=scope, doc=doc)
 
 
+def _fused_gelu_erf(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """The erf GELU written in the one operand order ONNX Runtime's GeluFusion matches,
+    `x * (Erf(x / sqrt 2) + 1) * 0.5`; it then runs one Gelu kernel (BiasGelu with the
+    Linear's bias before it).  The body's `0.5 * x * (1 + erf(x * 0.7071...))` is the same
+    formula but is left as five elementwise passes.  Unfused, the two differ only in how
+    x / sqrt 2 rounds (at most 1 ulp of the erf argument)."""
+    fn = frame.fn
+    dtype = fn.result.dtype
+    out = elem_type(dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (gelu_erf in the form ORT fuses into Gelu)"
+    x = args[0]
+    scaled = em.node("Div", [x, em._scalar(1.4142135623730951, dtype)], out, scope=scope, doc=doc)
+    erf = em.node("Erf", [scaled], out, scope=scope, doc=doc)
+    shifted = em.node("Add", [erf, em._scalar(1.0, dtype)], out, scope=scope, doc=doc)
+    product = em.node("Mul", [x, shifted], out, scope=scope, doc=doc)
+    return em.node("Mul", [product, em._scalar(0.5, dtype)], out, scope=scope, doc=doc)
+
+
 #: std function (checked key) -> fused emission; each computes what the Linnet body does.
-#: A fused form may return None to fall back to the body.  gelu_erf needs no entry: its
-#: body is already the erf formula, which ONNX Runtime fuses into one Gelu kernel.
+#: A fused form may return None to fall back to the body.
 FUSED = {
     "std.nn.norm::layer_norm": _fused_layer_norm,
     "std.nn.attention::attention": _fused_attention,
     "std.nn.linear::Linear.forward": _fused_linear,
+    "std.nn.activations::gelu_erf": _fused_gelu_erf,
 }
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import ir
-from .pysource import (PLACEHOLDER, FunctionNamer, comment_generics, emission_order, header, py_dim, py_float,
-                       py_name, py_scalar)
+from .pysource import (PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer, header,
+                       mentions, py_dim, py_index_item, py_name, py_scalar)
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16",
                 "i64": "torch.int64", "i32": "torch.int32", "i16": "torch.int16", "i8": "torch.int8",
@@ -93,12 +93,12 @@ class TorchEmitter:
         return order
 
     def _class(self, block: ir.Block, methods: list[str]) -> str:
-        source = f"{block.span.file}:{block.span.line}" if block.span else block.source
+        source = comment_text(f"{block.span.file}:{block.span.line}" if block.span else block.source)
         lines = [f"class {py_name(block.id)}(nn.Module):",
-                 f'    """{block.source}<{comment_generics(block.generics)}>  ({source})"""', "",
+                 f'    """{comment_text(block.source)}<{comment_generics(block.generics)}>  ({source})"""', "",
                  "    def __init__(self):", "        super().__init__()"]
         for name, t in block.params:
-            shape = ", ".join(py_dim(d) for d in t.dims)
+            shape = ", ".join(py_dim(d) for d in t.dims) or "()"  # a rank-0 param: torch.empty(())
             lines.append(f"        self.{py_name(name)} = nn.Parameter(torch.empty({shape}, "
                          f"dtype={TORCH_DTYPES[t.dtype]}), requires_grad=False)")
         for sub in block.subs:
@@ -115,26 +115,26 @@ class TorchEmitter:
     def _function(self, fn: ir.Function) -> str:
         params = [py_name(name) for name, _ in fn.params]
         signature = ", ".join((["self"] if fn.block else []) + params)
-        where = f"{fn.span.file}:{fn.span.line}"
+        where = comment_text(f"{fn.span.file}:{fn.span.line}")
         lines = [f"def {PLACEHOLDER}({signature}):",
-                 f"    # {fn.source}<{comment_generics(fn.generics)}>  ({where})"]
+                 f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
         template = FUSED.get(fn.source) if self.fused else None
         if template is not None:
             args = [py_name(name) if t is not None else "None" for name, t in fn.params]
-            lines.append(f"    return {template(fn, args)}  # fused kernel for {fn.source}")
+            lines.append(f"    return {template(fn, args)}  # fused kernel for {comment_text(fn.source)}")
             return "\n".join(lines)
         body = self._stmts(fn.body, fn, 1)
         used = "\n".join(body)
         for dim, (param, axis) in sorted(fn.dim_sources.items()):
-            if _mentions(used, dim):
-                lines.append(f"    {dim} = {py_name(param)}.shape[{axis}]")
+            if mentions(used, py_name(dim)):
+                lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
         return "\n".join(lines + body)
 
     def _stmts(self, stmts, fn: ir.Function, depth: int) -> list[str]:
         pad = "    " * depth
         out: list[str] = []
         for stmt in stmts:
-            where = f"  # {fn.span.file}:{stmt.line}"
+            where = f"  # {comment_text(fn.span.file)}:{stmt.line}"
             if isinstance(stmt, ir.Loop):
                 out.append(f"{pad}for {py_name(stmt.var)} in self.{py_name(stmt.member)}:{where}")
                 out += self._stmts(stmt.body, fn, depth + 1)
@@ -221,7 +221,7 @@ class TorchEmitter:
                 return f"F.embedding({ids}, {table})", _ATOM
             return f"{self._arg(args[0], fn, _ATOM)}[{ids}]", _ATOM
         if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape'))})", _ATOM
+            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", _ATOM  # () for rank 0
         if op == "permute":
             return f"{x}.permute({', '.join(map(str, e.attr('perm')))})", _ATOM
         if op == "iota":
@@ -233,23 +233,8 @@ class TorchEmitter:
                 return f"torch.tensor({a[0]}, dtype={TORCH_DTYPES[e.attr('dtype')]})", _ATOM
             return f"{x}.to({TORCH_DTYPES[e.attr('dtype')]})", _ATOM
         if op == "index":
-            return f"{x}[{', '.join(_index_item(i) for i in e.attr('items'))}]", _ATOM
+            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", _ATOM
         raise NotImplementedError(f"the torch backend has no template for `{op}`")
-
-
-def _index_item(item) -> str:
-    if item[0] == "index":
-        return py_dim(item[1])
-    _, start, stop = item
-    lo = "" if start.as_int() == 0 else py_dim(start)
-    hi = "" if stop is None else py_dim(stop)
-    return f"{lo}:{hi}"
-
-
-def _mentions(text: str, name: str) -> bool:
-    import re
-
-    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text) is not None
 
 
 def emit(program: ir.Program, fused: bool = True, title: str = "PyTorch module") -> str:

@@ -29,6 +29,10 @@ from .jax_runtime import resolve_device
 log = logging.getLogger("linnet.backends.stablehlo")
 
 #: Keyword arguments of `nest.load` this backend takes.
+#: No `linnet.optimize` passes: the exported artifact is a deliverable of its own, and its
+#: signature.json maps each param to its checkpoint key, so its params must be exactly the
+#: checkpoint's (unfused, unscaled).
+OPTIMIZE = ()
 OPTIONS = ()
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,

@@ -47,6 +47,7 @@ NEST_TOML = "nest.toml"
 LINNET_TOML = "linnet.toml"
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -222,6 +223,10 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
     root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights"))
     model = root.table("model", required=True)
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
+    # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
+    if fields["name"] is not None and not _ENTRY_NAME.fullmatch(fields["name"]):
+        model.problem("E0912", "name", f"[model].name must be a plain name of letters, digits, `.`, `_` and "
+                                       f"`-` (it names files), found {fields['name']!r}")
     tags = tuple(model.take("tags", _STR_LIST, required=False) or ())
     model.finish()
     links = root.table("links", required=False).map("a string", _is_str)

@@ -260,8 +260,22 @@ def read_header(file: Path) -> list[TensorInfo]:
     if not isinstance(header, dict):
         raise _corrupt(file, "the header is not a JSON object")
     data_size = size - 8 - length
-    return [_tensor_info(file, key, entry, data_size)
-            for key, entry in header.items() if key != "__metadata__"]
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise _corrupt(file, "__metadata__ is not an object of strings")
+    infos = [_tensor_info(file, key, entry, data_size) for key, entry in header.items() if key != "__metadata__"]
+    # What safetensors itself demands when the file is opened: the tensors tile the data
+    # exactly, in order, without overlaps or gaps (else the load would fail after checking).
+    covered = 0
+    for key, start, end in sorted(((k, *e["data_offsets"]) for k, e in header.items() if k != "__metadata__"),
+                                  key=lambda t: (t[1], t[2])):
+        if start != covered:
+            raise _corrupt(file, f"tensor {key!r}: data_offsets start at {start}, but the tensors before it "
+                                 f"end at {covered} (overlapping or gapped data)")
+        covered = end
+    if covered != data_size:
+        raise _corrupt(file, f"the tensors cover {covered} of the {data_size} data bytes")
+    return infos
 
 
 def _tensor_info(file: Path, key: str, entry: Any, data_size: int) -> TensorInfo:
@@ -272,6 +286,11 @@ def _tensor_info(file: Path, key: str, entry: Any, data_size: int) -> TensorInfo
         raise _corrupt(file, f"tensor {key!r}: unknown dtype {dtype!r}")
     if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
         raise _corrupt(file, f"tensor {key!r}: shape {shape!r} is not a list of sizes")
+    elements = 1
+    for d in shape:  # safetensors multiplies in 64 bits, left to right
+        elements *= d
+        if elements >= 2 ** 64:
+            raise _corrupt(file, f"tensor {key!r}: shape {shape!r} overflows 64-bit sizes")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
             and offsets[0] <= offsets[1] <= data_size):
         raise _corrupt(file, f"tensor {key!r}: data_offsets {offsets!r} lie outside the "
@@ -412,7 +431,8 @@ def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span |
         report.casts.append(Cast(param.name, info.key, info.dtype, param.dtype))
     elif both_float:
         problems.append(Diagnostic("E1010", mismatch, span,
-                                   (Note("pass cast_floats=True to convert float widths on load"),)))
+                                   (Note("to convert float widths on load, pass dtype= to nest.load "
+                                         "(cast_floats=True to verify_bindings)"),)))
     else:
         problems.append(Diagnostic("E1010", mismatch, span,
                                    (Note("integer dtypes are never converted: only float widths "

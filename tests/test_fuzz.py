@@ -1,0 +1,201 @@
+"""A sample of the compiler fuzzer (`linnet.testing.fuzz`) in the normal suite, and the bugs it found.
+
+The dedicated run is `python -m linnet.testing.fuzz --cases 100000 --jobs 2`; here a few
+hundred cases (hypothesis-drawn and seeded) go through the same harness: mutated BERT,
+std and golden sources, parse -> check -> instantiate -> lower -> torch/JAX source (compiled
+as Python) -> ONNX graph. Each must succeed or fail with a LinnetError whose spans lie inside
+their files. Then each bug the fuzzer found is pinned by its reproducing program.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from linnet.testing.fuzz import (BERT_ENTRY, Case, Outcome, Workspace, case_from_random, corpus, make_case,
+                                 run_case, span_problems)
+
+#: Only a guard against a runaway case stopping the suite (CPU seconds); not a speed assertion.
+GUARD_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    ws = Workspace()
+    yield ws
+    ws.close()
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return corpus()
+
+
+def assert_acceptable(outcome: Outcome, case: Case) -> None:
+    assert outcome.status in ("ok", "error"), (
+        f"{outcome.status} at {outcome.stage} for {case.target.label} ({', '.join(case.ops)}):\n{outcome.detail}")
+
+
+def test_the_corpus_covers_bert_std_and_golden_programs(targets):
+    labels = [t.label for t in targets]
+    assert "bert" in labels
+    assert sum(label.startswith("std/") for label in labels) >= 5
+    assert sum(label.startswith("golden/") for label in labels) >= 50
+
+
+def test_unmutated_sources_compile_through_every_emitter(workspace, targets):
+    bert = next(t for t in targets if t.label == "bert")
+    outcome = run_case(Case(0, bert, {}), workspace, timeout=GUARD_S)
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rng=st.randoms(use_true_random=False))
+def test_hypothesis_mutations(workspace, targets, rng):
+    case = case_from_random(rng, targets, workspace)
+    assert_acceptable(run_case(case, workspace, timeout=GUARD_S), case)
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_seeded_cases(workspace, targets, block):
+    """Cases 0..299 of seed 2026, as the dedicated run draws them."""
+    statuses = set()
+    for index in range(block * 100, block * 100 + 100):
+        case = make_case(2026, index, targets, workspace)
+        outcome = run_case(case, workspace, timeout=GUARD_S)
+        assert_acceptable(outcome, case)
+        statuses.add(outcome.status)
+    assert "error" in statuses  # the mutations do break programs
+
+
+# --------------------------------------------------------------------------- bugs the fuzzer found
+
+
+BERT_FILE = f"zoo/{BERT_ENTRY}/src/lib.linnet"
+NEST_FILE = f"zoo/{BERT_ENTRY}/nest.toml"
+
+
+def run_bert(workspace, targets, *, source=None, manifest=None, std=None) -> Outcome:
+    bert = next(t for t in targets if t.label == "bert")
+    files = {}
+    if source is not None:
+        text = workspace.text(BERT_FILE)
+        for old, new in source:
+            assert old in text, old
+            text = text.replace(old, new)
+        files[BERT_FILE] = text.encode("utf-8")
+    if manifest is not None:
+        text = workspace.text(NEST_FILE)
+        old, new = manifest
+        assert old in text
+        files[NEST_FILE] = text.replace(old, new).encode("utf-8")
+    for rel, (old, new) in (std or {}).items():
+        text = workspace.text(rel)
+        assert old in text
+        files[rel] = text.replace(old, new).encode("utf-8")
+    return run_case(Case(0, bert, files), workspace, timeout=GUARD_S)
+
+
+def test_a_dim_named_like_a_python_keyword_emits_valid_code(workspace, targets):
+    """Was: `lambda = x.shape[0]` in the generated source (SyntaxError)."""
+    outcome = run_bert(workspace, targets, source=[("B", "lambda")])
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+@pytest.mark.parametrize("old, new", [
+    ("cast<i32>(equal(attention_mask, 0)), 1) - 1", "cast<i32>(equal(attention_mask, 0)), 1) - 2147483648"),
+    ("equal(attention_mask, 0), -10000.0", "equal(attention_mask, 9223372036854775807), -10000.0"),
+])
+def test_an_integer_literal_that_does_not_fit_its_dtype_is_E0330(workspace, targets, old, new):
+    """Was: OverflowError while the ONNX backend built its constant."""
+    outcome = run_bert(workspace, targets, source=[(old, new)])
+    assert (outcome.status, outcome.codes) == ("error", ("E0330",)), outcome.detail
+
+
+def test_a_constant_that_does_not_fit_its_dtype_is_E0330(workspace, targets):
+    outcome = run_bert(workspace, targets, source=[("pub const EPS: f32 = 1e-12", "pub const EPS: i8 = 300")])
+    assert outcome.status == "error" and "E0330" in outcome.codes, outcome.detail
+
+
+def test_a_dim_too_large_for_the_float_it_is_cast_to_is_E0330(workspace, targets):
+    """Was: OverflowError from float() when `cast<T>(D / Heads)` met D = 10^400."""
+    outcome = run_bert(workspace, targets, manifest=("D = 16", "D = 1" + "0" * 400))
+    assert (outcome.status, outcome.codes) == ("error", ("E0330",)), outcome.detail
+
+
+def test_an_index_no_tensor_can_have_is_E0326(workspace, targets):
+    """Was: OverflowError building an int64 Slice bound in the ONNX graph."""
+    outcome = run_bert(workspace, targets, source=[("hidden[:, 0, :]", "hidden[:, 9223372036854775807, :]")])
+    assert (outcome.status, outcome.codes) == ("error", ("E0326",)), outcome.detail
+
+
+@pytest.mark.parametrize("layers", ["100000000000000000000", "1000000"])
+def test_an_enormous_sub_array_is_E0505_not_a_hang(workspace, targets, layers):
+    """Was: instantiation building 10^20 sub-blocks (the case never ended)."""
+    outcome = run_bert(workspace, targets, manifest=("Layers = 2", f"Layers = {layers}"))
+    assert (outcome.status, outcome.codes) == ("error", ("E0505",)), outcome.detail
+
+
+def test_an_empty_sub_array_is_E0505(workspace, targets):
+    """Was: IndexError in lowering, which named the array's block after its first element."""
+    outcome = run_bert(workspace, targets, manifest=("Layers = 2", "Layers = 0"))
+    assert (outcome.status, outcome.codes) == ("error", ("E0505",)), outcome.detail
+
+
+def test_the_fused_onnx_linear_falls_back_when_std_linear_is_not_the_shipped_one(workspace, targets):
+    """Was: KeyError 'bias' in the ONNX backend's fused Linear after std's `bias` was renamed."""
+    linear = "std/nn/linear.linnet"
+    text = workspace.text(linear).replace("bias", "offset")
+    bert = next(t for t in targets if t.label == "bert")
+    outcome = run_case(Case(0, bert, {linear: text.encode("utf-8")}), workspace, timeout=GUARD_S)
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+def test_a_rank_0_param_emits_valid_torch_code(workspace, targets):
+    """Was: `torch.empty(, dtype=...)` (SyntaxError) for `param bias: Tensor[; T]`."""
+    outcome = run_bert(workspace, targets, std={"std/nn/linear.linnet": ("param bias: Tensor[Out; T]",
+                                                                         "param bias: Tensor[; T]")})
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+@pytest.mark.parametrize("expr", ["rsqrt(0.0)", "log(-1.0)", "sqrt(-4.0)", "exp(1000.0)", "log(0.0)"])
+def test_folding_a_constant_follows_ieee_instead_of_raising(workspace, targets, expr):
+    """Was: ZeroDivisionError / ValueError / OverflowError while lowering folded a constant."""
+    outcome = run_bert(workspace, targets, std={"std/nn/activations.linnet": ("0.7071067811865476", expr)})
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+@pytest.mark.parametrize("separator", ["\x0c", "\u2028", "\r", "\x0b", "\x1c"])
+def test_diagnostics_quote_the_line_the_parser_counted(workspace, targets, separator):
+    """Was: the renderer split lines at form feeds, U+2028, ... (str.splitlines), the parser
+    only at newlines, so the quoted line and the caret were wrong."""
+    from linnet.compiler import compile_target, locate
+    from linnet.diagnostics import LinnetError
+
+    path = workspace.root / "golden" / "linebreaks.linnet"
+    path.write_text(f"// a{separator}b\nfn f() -> $\n", encoding="utf-8")
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(path))
+    assert not span_problems(caught.value, workspace.root)
+    assert "2 | fn f() -> $" in caught.value.render()
+
+
+@pytest.mark.parametrize("separator", ["\x0c", "\u2028", "\x1d"])
+def test_an_unclosed_brace_at_eof_is_located_as_the_parser_counts_lines(workspace, separator):
+    """Was: the end-of-file position and the unclosed `{` were found by str.splitlines, so a
+    form feed earlier in the file put them on lines or columns that do not exist."""
+    from linnet.compiler import compile_target, locate
+    from linnet.diagnostics import LinnetError
+
+    path = workspace.root / "golden" / "unclosed.linnet"
+    path.write_text(f"// a{separator}b\nfn f(x: Tensor[2; f32]) -> Tensor[2; f32] {{\n    return x\n",
+                    encoding="utf-8")
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(path))
+    d = caught.value.diagnostics[0]
+    assert d.code == "E0002" and "close the `{` at line 2" in d.message
+    assert (d.span.line, d.span.col) == (3, 13)
+    assert (d.notes[0].span.line, d.notes[0].span.col) == (2, 43)
+    assert not span_problems(caught.value, workspace.root)
+
