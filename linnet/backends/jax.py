@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 from .. import ir
 from ..diagnostics import InternalError
-from .pysource import (PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer, header,
-                       mentions, py_dim, py_index_item, py_name, py_scalar)
+from .pysource import (ATOM, PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer,
+                       header, mentions, py_dim, py_index_item, py_name, PyExprWriter)
 
 JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
               "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
@@ -34,10 +34,6 @@ JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", 
 #: name can take it).
 PARAMS = "params"
 
-# Precedence for parenthesising: atoms/calls bind tightest.
-_ATOM, _UNARY, _MUL, _ADD, _CMP = 5, 4, 3, 2, 1
-_BINARY = {"add": ("+", _ADD), "sub": ("-", _ADD), "mul": ("*", _MUL), "div": ("/", _MUL), "matmul": ("@", _MUL),
-           "less": ("<", _CMP), "greater": (">", _CMP), "equal": ("==", _CMP)}
 _UNARY_FUNCS = {"erf": "lax.erf", "tanh": "jnp.tanh", "exp": "jnp.exp", "log": "jnp.log",
                 "sqrt": "jnp.sqrt", "rsqrt": "lax.rsqrt", "sigmoid": "jax.nn.sigmoid"}
 _REDUCTIONS = {"sum": "jnp.sum", "mean": "jnp.mean", "max": "jnp.max"}
@@ -56,7 +52,7 @@ FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
 }
 
 
-class JaxEmitter:
+class JaxEmitter(PyExprWriter):
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
         self.fused = fused
@@ -129,26 +125,8 @@ class JaxEmitter:
         return out
 
     # ------------------------------------------------------------ expressions
-    def _expr(self, e: ir.Expr, loops: frozenset[str]) -> tuple[str, int]:
-        if isinstance(e, ir.Ref):
-            return py_name(e.name), _ATOM
-        if isinstance(e, ir.ParamRef):
-            return f'{PARAMS}["{e.name}"]', _ATOM
-        if isinstance(e, ir.Scalar):
-            text = py_scalar(e)
-            return text, _UNARY if text.startswith("-") else _ATOM
-        if isinstance(e, ir.DimValue):
-            text = py_dim(e.expr)
-            return (text, _ATOM) if e.expr.as_int() is not None or text.isidentifier() else (f"({text})", _ATOM)
-        if isinstance(e, ir.Absent):
-            return "None", _ATOM
-        if isinstance(e, ir.Call):
-            return self._call(e, loops), _ATOM
-        return self._op(e, loops)
-
-    def _arg(self, e: ir.Expr, loops, min_prec: int) -> str:
-        text, prec = self._expr(e, loops)
-        return f"({text})" if prec < min_prec else text
+    def _param_ref(self, e: ir.ParamRef) -> str:
+        return f'{PARAMS}["{e.name}"]'
 
     def _call(self, e: ir.Call, loops: frozenset[str]) -> str:
         args = [self._expr(a, loops)[0] for a in e.args]
@@ -166,46 +144,39 @@ class JaxEmitter:
 
     def _op(self, e: ir.Op, loops) -> tuple[str, int]:
         op, args = e.op, e.args
-        if op in _BINARY:
-            symbol, prec = _BINARY[op]
-            left = self._arg(args[0], loops, prec)
-            right = self._arg(args[1], loops, prec + 1)  # left-associative
-            return f"{left} {symbol} {right}", prec
-        if op == "neg":
-            return f"-{self._arg(args[0], loops, _UNARY)}", _UNARY
         if op in _UNARY_FUNCS:
-            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], loops)[0]})", _ATOM
+            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], loops)[0]})", ATOM
         a = [self._expr(x, loops)[0] for x in args]
-        x = self._arg(args[0], loops, _ATOM) if args else ""
+        x = self._arg(args[0], loops, ATOM) if args else ""
         if op in ("maximum", "minimum"):
-            return f"jnp.{op}({a[0]}, {a[1]})", _ATOM
+            return f"jnp.{op}({a[0]}, {a[1]})", ATOM
         if op == "select":
-            return f"jnp.where({a[0]}, {a[1]}, {a[2]})", _ATOM
+            return f"jnp.where({a[0]}, {a[1]}, {a[2]})", ATOM
         if op == "transpose":
-            return f"jnp.swapaxes({a[0]}, -2, -1)", _ATOM
+            return f"jnp.swapaxes({a[0]}, -2, -1)", ATOM
         if op == "softmax":
-            return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", _ATOM
+            return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", ATOM
         if op == "cumsum":  # the declared dtype, so an int32 running count stays int32
-            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={JAX_DTYPES[e.type.dtype]})", _ATOM
+            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={JAX_DTYPES[e.type.dtype]})", ATOM
         if op in _REDUCTIONS:
-            return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", _ATOM
+            return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", ATOM
         if op == "take":
             # Rows of the table along its first axis, whatever its rank (torch: `table[ids]`).
-            return f"jnp.take({a[0]}, {a[1]}, axis=0)", _ATOM
+            return f"jnp.take({a[0]}, {a[1]}, axis=0)", ATOM
         if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", _ATOM  # () for rank 0
+            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", ATOM  # () for rank 0
         if op == "permute":
             perm = e.attr("perm")
             axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
-            return f"jnp.transpose({a[0]}, {axes})", _ATOM
+            return f"jnp.transpose({a[0]}, {axes})", ATOM
         if op == "iota":
-            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={JAX_DTYPES[e.attr('dtype')]})", _ATOM
+            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={JAX_DTYPES[e.attr('dtype')]})", ATOM
         if op == "cast":
             if isinstance(args[0], ir.DimValue):
-                return f"jnp.asarray({a[0]}, dtype={JAX_DTYPES[e.attr('dtype')]})", _ATOM
-            return f"{x}.astype({JAX_DTYPES[e.attr('dtype')]})", _ATOM
+                return f"jnp.asarray({a[0]}, dtype={JAX_DTYPES[e.attr('dtype')]})", ATOM
+            return f"{x}.astype({JAX_DTYPES[e.attr('dtype')]})", ATOM
         if op == "index":
-            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", _ATOM
+            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
         raise NotImplementedError(f"the JAX backend has no template for `{op}`")
 
 

@@ -220,3 +220,60 @@ def mentions(text: str, name: str) -> bool:
     """Whether generated `text` uses the Python name `name` (not as an attribute, a longer
     name, or inside a quoted key), so a dim is read from an input only where it is used."""
     return re.search(rf"(?<![\w.\"]){re.escape(name)}(?![\w\"])", text) is not None
+
+
+# --------------------------------------------------------------- Python expressions
+
+#: Precedence of generated Python expressions, for parenthesising: atoms and calls bind
+#: tightest, comparisons loosest.
+ATOM, UNARY, MUL, ADD, CMP = 5, 4, 3, 2, 1
+#: IR arithmetic and comparison ops that are Python operators in every framework.
+BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "matmul": ("@", MUL),
+          "less": ("<", CMP), "greater": (">", CMP), "equal": ("==", CMP)}
+
+
+class PyExprWriter:
+    """IR expressions as Python text, for the emitters that write Python (torch, JAX).
+
+    What is the same in both lives here: names, literals, dims, operators and their
+    parentheses.  A subclass says how a block param is reached (`_param_ref`), how a call is
+    written (`_call`) and how every other op is spelled in its framework (`_op`).  `ctx` is
+    whatever the subclass needs to make those choices (the function, the loop variables).
+    """
+
+    def _expr(self, e: ir.Expr, ctx) -> tuple[str, int]:
+        if isinstance(e, ir.Ref):
+            return py_name(e.name), ATOM
+        if isinstance(e, ir.ParamRef):
+            return self._param_ref(e), ATOM
+        if isinstance(e, ir.Scalar):
+            text = py_scalar(e)
+            return text, UNARY if text.startswith("-") else ATOM
+        if isinstance(e, ir.DimValue):
+            text = py_dim(e.expr)
+            return (text, ATOM) if e.expr.as_int() is not None or text.isidentifier() else (f"({text})", ATOM)
+        if isinstance(e, ir.Absent):
+            return "None", ATOM
+        if isinstance(e, ir.Call):
+            return self._call(e, ctx), ATOM
+        if e.op in BINARY:
+            symbol, prec = BINARY[e.op]
+            left = self._arg(e.args[0], ctx, prec)
+            right = self._arg(e.args[1], ctx, prec + 1)  # left-associative
+            return f"{left} {symbol} {right}", prec
+        if e.op == "neg":
+            return f"-{self._arg(e.args[0], ctx, UNARY)}", UNARY
+        return self._op(e, ctx)
+
+    def _arg(self, e: ir.Expr, ctx, min_prec: int) -> str:
+        text, prec = self._expr(e, ctx)
+        return f"({text})" if prec < min_prec else text
+
+    def _param_ref(self, e: ir.ParamRef) -> str:
+        raise NotImplementedError
+
+    def _call(self, e: ir.Call, ctx) -> str:
+        raise NotImplementedError
+
+    def _op(self, e: ir.Op, ctx) -> tuple[str, int]:
+        raise NotImplementedError

@@ -12,17 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 from .. import ir
-from .pysource import (PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer, header,
-                       mentions, py_dim, py_index_item, py_name, py_scalar)
+from .pysource import (ATOM, PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer,
+                       header, mentions, py_dim, py_index_item, py_name, PyExprWriter)
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16",
                 "i64": "torch.int64", "i32": "torch.int32", "i16": "torch.int16", "i8": "torch.int8",
                 "u8": "torch.uint8", "bool": "torch.bool"}
 
-# Precedence for parenthesising: atoms/calls bind tightest.
-_ATOM, _UNARY, _MUL, _ADD, _CMP = 5, 4, 3, 2, 1
-_BINARY = {"add": ("+", _ADD), "sub": ("-", _ADD), "mul": ("*", _MUL), "div": ("/", _MUL), "matmul": ("@", _MUL),
-           "less": ("<", _CMP), "greater": (">", _CMP), "equal": ("==", _CMP)}
 _UNARY_FUNCS = {"erf": "torch.erf", "tanh": "torch.tanh", "exp": "torch.exp", "log": "torch.log",
                 "sqrt": "torch.sqrt", "rsqrt": "torch.rsqrt", "sigmoid": "torch.sigmoid"}
 
@@ -53,7 +49,7 @@ FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
 }
 
 
-class TorchEmitter:
+class TorchEmitter(PyExprWriter):
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
         self.fused = fused
@@ -145,26 +141,8 @@ class TorchEmitter:
         return out
 
     # ------------------------------------------------------------ expressions
-    def _expr(self, e: ir.Expr, fn: ir.Function) -> tuple[str, int]:
-        if isinstance(e, ir.Ref):
-            return py_name(e.name), _ATOM
-        if isinstance(e, ir.ParamRef):
-            return f"self.{py_name(e.name)}", _ATOM
-        if isinstance(e, ir.Scalar):
-            text = py_scalar(e)
-            return text, _UNARY if text.startswith("-") else _ATOM
-        if isinstance(e, ir.DimValue):
-            text = py_dim(e.expr)
-            return (text, _ATOM) if e.expr.as_int() is not None or text.isidentifier() else (f"({text})", _ATOM)
-        if isinstance(e, ir.Absent):
-            return "None", _ATOM
-        if isinstance(e, ir.Call):
-            return self._call(e, fn), _ATOM
-        return self._op(e, fn)
-
-    def _arg(self, e: ir.Expr, fn, min_prec: int) -> str:
-        text, prec = self._expr(e, fn)
-        return f"({text})" if prec < min_prec else text
+    def _param_ref(self, e: ir.ParamRef) -> str:
+        return f"self.{py_name(e.name)}"
 
     def _call(self, e: ir.Call, fn: ir.Function) -> str:
         args = ", ".join(self._expr(a, fn)[0] for a in e.args)
@@ -187,53 +165,46 @@ class TorchEmitter:
 
     def _op(self, e: ir.Op, fn: ir.Function) -> tuple[str, int]:
         op, args = e.op, e.args
-        if op in _BINARY:
-            symbol, prec = _BINARY[op]
-            left = self._arg(args[0], fn, prec)
-            right = self._arg(args[1], fn, prec + 1)  # left-associative
-            return f"{left} {symbol} {right}", prec
-        if op == "neg":
-            return f"-{self._arg(args[0], fn, _UNARY)}", _UNARY
         if op in _UNARY_FUNCS:
-            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], fn)[0]})", _ATOM
+            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], fn)[0]})", ATOM
         a = [self._expr(x, fn)[0] for x in args]
-        x = self._arg(args[0], fn, _ATOM) if args else ""
+        x = self._arg(args[0], fn, ATOM) if args else ""
         if op in ("maximum", "minimum"):
             if isinstance(args[1], ir.Scalar):
                 bound = "min" if op == "maximum" else "max"
-                return f"torch.clamp({a[0]}, {bound}={a[1]})", _ATOM
-            return f"torch.{op}({a[0]}, {a[1]})", _ATOM
+                return f"torch.clamp({a[0]}, {bound}={a[1]})", ATOM
+            return f"torch.{op}({a[0]}, {a[1]})", ATOM
         if op == "select":
-            return f"torch.where({a[0]}, {a[1]}, {a[2]})", _ATOM
+            return f"torch.where({a[0]}, {a[1]}, {a[2]})", ATOM
         if op == "transpose":
-            return f"{x}.transpose(-2, -1)", _ATOM
+            return f"{x}.transpose(-2, -1)", ATOM
         if op == "softmax":
-            return f"torch.softmax({a[0]}, dim={e.attr('axis')})", _ATOM
+            return f"torch.softmax({a[0]}, dim={e.attr('axis')})", ATOM
         if op == "cumsum":  # torch widens integer cumsums to int64; keep the declared dtype
-            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={TORCH_DTYPES[e.type.dtype]})", _ATOM
+            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={TORCH_DTYPES[e.type.dtype]})", ATOM
         if op in ("sum", "mean"):
-            return f"{x}.{op}(dim={e.attr('axis')}, keepdim=True)", _ATOM
+            return f"{x}.{op}(dim={e.attr('axis')}, keepdim=True)", ATOM
         if op == "max":
-            return f"{x}.amax(dim={e.attr('axis')}, keepdim=True)", _ATOM
+            return f"{x}.amax(dim={e.attr('axis')}, keepdim=True)", ATOM
         if op == "take":
             table, ids = a
             if args[0].type.rank == 2:
-                return f"F.embedding({ids}, {table})", _ATOM
-            return f"{self._arg(args[0], fn, _ATOM)}[{ids}]", _ATOM
+                return f"F.embedding({ids}, {table})", ATOM
+            return f"{self._arg(args[0], fn, ATOM)}[{ids}]", ATOM
         if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", _ATOM  # () for rank 0
+            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", ATOM  # () for rank 0
         if op == "permute":
-            return f"{x}.permute({', '.join(map(str, e.attr('perm')))})", _ATOM
+            return f"{x}.permute({', '.join(map(str, e.attr('perm')))})", ATOM
         if op == "iota":
             device = next((py_name(n) for n, t in fn.params if t is not None), None)
             place = f", device={device}.device" if device else ""
-            return f"torch.arange({py_dim(e.attr('n'))}, dtype={TORCH_DTYPES[e.attr('dtype')]}{place})", _ATOM
+            return f"torch.arange({py_dim(e.attr('n'))}, dtype={TORCH_DTYPES[e.attr('dtype')]}{place})", ATOM
         if op == "cast":
             if isinstance(args[0], ir.DimValue):
-                return f"torch.tensor({a[0]}, dtype={TORCH_DTYPES[e.attr('dtype')]})", _ATOM
-            return f"{x}.to({TORCH_DTYPES[e.attr('dtype')]})", _ATOM
+                return f"torch.tensor({a[0]}, dtype={TORCH_DTYPES[e.attr('dtype')]})", ATOM
+            return f"{x}.to({TORCH_DTYPES[e.attr('dtype')]})", ATOM
         if op == "index":
-            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", _ATOM
+            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
         raise NotImplementedError(f"the torch backend has no template for `{op}`")
 
 
