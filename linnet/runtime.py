@@ -37,44 +37,56 @@ def index_bounds(program: ir.Program, entry: ir.Entry) -> dict[str, IndexBound]:
     bounds: dict[str, IndexBound] = {}
     visited: set[tuple[str, tuple]] = set()
 
-    def scan_expr(expr, fn: ir.Function, origin: dict[str, str]) -> None:
+    # `origin`: function param -> the entry input it carries; `tables`: function param -> the
+    # block param it carries, so a message names `word_embeddings`, not std's `table`.
+    def scan_expr(expr, fn: ir.Function, origin: dict[str, str], tables: dict[str, str]) -> None:
         if isinstance(expr, ir.Op):
             if expr.op == "take" and isinstance(expr.args[1], ir.Ref) and expr.args[1].name in origin:
                 table = expr.args[0]
                 rows = table.type.dims[0].as_int()
                 if rows is not None:
-                    name = table.name if isinstance(table, (ir.Ref, ir.ParamRef)) else "a table"
+                    name = _table_name(table, tables)
                     current = bounds.get(origin[expr.args[1].name])
                     if current is None or rows < current.rows:
                         bounds[origin[expr.args[1].name]] = IndexBound(rows, name)
             for a in expr.args:
-                scan_expr(a, fn, origin)
+                scan_expr(a, fn, origin, tables)
         elif isinstance(expr, ir.Call):
             callee = program.functions[expr.function]
             mapping = {p: origin[a.name] for (p, _), a in zip(callee.params, expr.args)
                        if isinstance(a, ir.Ref) and a.name in origin}
+            passed = {p: _table_name(a, tables) for (p, _), a in zip(callee.params, expr.args)
+                      if isinstance(a, ir.ParamRef) or (isinstance(a, ir.Ref) and a.name in tables)}
             for a in expr.args:
-                scan_expr(a, fn, origin)
+                scan_expr(a, fn, origin, tables)
             if mapping:
-                scan_function(callee, mapping)
+                scan_function(callee, mapping, passed)
 
-    def scan_stmts(stmts, fn, origin) -> None:
+    def scan_stmts(stmts, fn, origin, tables) -> None:
         for stmt in stmts:
             if isinstance(stmt, ir.Loop):
-                scan_stmts(stmt.body, fn, origin)
+                scan_stmts(stmt.body, fn, origin, tables)
             else:
-                scan_expr(stmt.value, fn, origin)
+                scan_expr(stmt.value, fn, origin, tables)
 
-    def scan_function(fn: ir.Function, origin: dict[str, str]) -> None:
-        key = (fn.id, tuple(sorted(origin.items())))
+    def scan_function(fn: ir.Function, origin: dict[str, str], tables: dict[str, str]) -> None:
+        key = (fn.id, tuple(sorted(origin.items())), tuple(sorted(tables.items())))
         if key in visited:
             return
         visited.add(key)
-        scan_stmts(fn.body, fn, origin)
+        scan_stmts(fn.body, fn, origin, tables)
 
     fn = program.functions[entry.function]
-    scan_function(fn, {name: name for name, _ in entry.inputs})
+    scan_function(fn, {name: name for name, _ in entry.inputs}, {})
     return bounds
+
+
+def _table_name(table: ir.Expr, tables: dict[str, str]) -> str:
+    if isinstance(table, ir.ParamRef):
+        return table.name
+    if isinstance(table, ir.Ref):
+        return tables.get(table.name, table.name)
+    return "a table"
 
 
 def _signature_of(entry: ir.Entry) -> str:
