@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 from .. import ir
 from ..diagnostics import InternalError
-from .pysource import (ATOM, PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer,
-                       header, mentions, py_dim, py_index_item, py_name, PyExprWriter)
+from .pysource import (ATOM, emission_order, FunctionNamer, header, py_dim, py_index_item, py_name, PyWriter,
+                       Scope)
 
 JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
               "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
@@ -52,7 +52,11 @@ FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
 }
 
 
-class JaxEmitter(PyExprWriter):
+class JaxEmitter(PyWriter):
+    FUSED = FUSED
+    receiver = PARAMS
+    UNARY_FUNCS = _UNARY_FUNCS
+
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
         self.fused = fused
@@ -91,63 +95,30 @@ class JaxEmitter(PyExprWriter):
         return text
 
     # -------------------------------------------------------------- functions
-    def _function(self, fn: ir.Function) -> str:
-        params = [py_name(name) for name, _ in fn.params]
-        signature = ", ".join(([PARAMS] if fn.block else []) + params)
-        where = comment_text(f"{fn.span.file}:{fn.span.line}")
-        lines = [f"def {PLACEHOLDER}({signature}):",
-                 f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
-        template = FUSED.get(fn.source) if self.fused else None
-        if template is not None:
-            args = [py_name(name) if t is not None else "None" for name, t in fn.params]
-            lines.append(f"    return {template(fn, args)}  # fused form of {comment_text(fn.source)}")
-            return "\n".join(lines)
-        body = self._stmts(fn.body, fn, 1, loop_vars=frozenset())
-        used = "\n".join(body)
-        for dim, (param, axis) in sorted(fn.dim_sources.items()):
-            if mentions(used, py_name(dim)):
-                lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
-        return "\n".join(lines + body)
-
-    def _stmts(self, stmts, fn: ir.Function, depth: int, loop_vars: frozenset[str]) -> list[str]:
-        pad = "    " * depth
-        out: list[str] = []
-        for stmt in stmts:
-            where = f"  # {comment_text(fn.span.file)}:{stmt.line}"
-            if isinstance(stmt, ir.Loop):
-                # Unrolled at trace time: one copy of the body per element of the sub array.
-                out.append(f'{pad}for {py_name(stmt.var)} in {PARAMS}["{stmt.member}"]:{where}')
-                out += self._stmts(stmt.body, fn, depth + 1, loop_vars | {stmt.var})
-            elif isinstance(stmt, ir.Return):
-                out.append(f"{pad}return {self._expr(stmt.value, loop_vars)[0]}{where}")
-            else:
-                out.append(f"{pad}{py_name(stmt.name)} = {self._expr(stmt.value, loop_vars)[0]}{where}")
-        return out
-
-    # ------------------------------------------------------------ expressions
     def _param_ref(self, e: ir.ParamRef) -> str:
         return f'{PARAMS}["{e.name}"]'
 
-    def _call(self, e: ir.Call, loops: frozenset[str]) -> str:
-        args = [self._expr(a, loops)[0] for a in e.args]
+    def _loop_source(self, member: str) -> str:
+        return f'{PARAMS}["{member}"]'
+
+    def _call(self, e: ir.Call, scope: Scope) -> str:
+        args = [self._expr(a, scope)[0] for a in e.args]
         name = self.namer.names[e.function]
         if e.receiver is not None:
             # The callee's params: ours for a sibling method, a loop variable's element of a
             # sub array, else the sub-block's slice of our tree.
             if e.receiver == "self":
                 args.insert(0, PARAMS)
-            elif e.receiver in loops:
+            elif e.receiver in scope.loops:
                 args.insert(0, py_name(e.receiver))
             else:
                 args.insert(0, f'{PARAMS}["{e.receiver}"]')
         return f"{name}({', '.join(args)})"
 
-    def _op(self, e: ir.Op, loops) -> tuple[str, int]:
+    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
         op, args = e.op, e.args
-        if op in _UNARY_FUNCS:
-            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], loops)[0]})", ATOM
-        a = [self._expr(x, loops)[0] for x in args]
-        x = self._arg(args[0], loops, ATOM) if args else ""
+        a = [self._expr(x, scope)[0] for x in args]
+        x = self._arg(args[0], scope, ATOM) if args else ""
         if op in ("maximum", "minimum"):
             return f"jnp.{op}({a[0]}, {a[1]})", ATOM
         if op == "select":

@@ -11,6 +11,7 @@ import importlib.util
 import keyword
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -232,16 +233,70 @@ BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", 
           "less": ("<", CMP), "greater": (">", CMP), "equal": ("==", CMP)}
 
 
-class PyExprWriter:
-    """IR expressions as Python text, for the emitters that write Python (torch, JAX).
+@dataclass(frozen=True)
+class Scope:
+    """Where code is being written: the function, and the `static for` variables in scope."""
 
-    What is the same in both lives here: names, literals, dims, operators and their
-    parentheses.  A subclass says how a block param is reached (`_param_ref`), how a call is
-    written (`_call`) and how every other op is spelled in its framework (`_op`).  `ctx` is
-    whatever the subclass needs to make those choices (the function, the loop variables).
+    fn: ir.Function
+    loops: frozenset[str] = frozenset()
+
+
+class PyWriter:
+    """Functions of the lowered program as Python text, for the emitters that write Python
+    (torch, JAX).
+
+    What is the same in both lives here: the `def` with its source comment, fused std
+    functions, statements with `# file:line` comments, dims read from input shapes, names,
+    literals, operators and their parentheses.  A subclass says how a method's params are
+    reached (`receiver`, `_param_ref`, `_loop_source`), how a call is written (`_call`), and
+    how every other op is spelled in its framework (`UNARY_FUNCS`, `_op`).
     """
 
-    def _expr(self, e: ir.Expr, ctx) -> tuple[str, int]:
+    #: The first parameter of a method: `self` for a module, the params tree for JAX.
+    receiver = "self"
+    #: std function (checked key) -> a template over the emitted parameter names, for the
+    #: functions written as one fused call that computes exactly what their body does.
+    FUSED: dict = {}
+    #: How the generated comment introduces such a call's std function.
+    fused_note = "fused form of"
+    #: IR op -> the framework function applying it elementwise (`erf` -> `torch.erf`).
+    UNARY_FUNCS: dict[str, str] = {}
+    fused = True
+
+    def _function(self, fn: ir.Function) -> str:
+        params = [py_name(name) for name, _ in fn.params]
+        signature = ", ".join(([self.receiver] if fn.block else []) + params)
+        where = comment_text(f"{fn.span.file}:{fn.span.line}")
+        lines = [f"def {PLACEHOLDER}({signature}):",
+                 f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
+        template = self.FUSED.get(fn.source) if self.fused else None
+        if template is not None:
+            args = [py_name(name) if t is not None else "None" for name, t in fn.params]
+            lines.append(f"    return {template(fn, args)}  # {self.fused_note} {comment_text(fn.source)}")
+            return "\n".join(lines)
+        body = self._stmts(fn.body, Scope(fn), 1)
+        used = "\n".join(body)
+        for dim, (param, axis) in sorted(fn.dim_sources.items()):
+            if mentions(used, py_name(dim)):
+                lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
+        return "\n".join(lines + body)
+
+    def _stmts(self, stmts, scope: Scope, depth: int) -> list[str]:
+        pad = "    " * depth
+        out: list[str] = []
+        for stmt in stmts:
+            where = f"  # {comment_text(scope.fn.span.file)}:{stmt.line}"
+            if isinstance(stmt, ir.Loop):
+                # Unrolled when traced or run: one pass of the body per element of the sub array.
+                out.append(f"{pad}for {py_name(stmt.var)} in {self._loop_source(stmt.member)}:{where}")
+                out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}), depth + 1)
+            elif isinstance(stmt, ir.Return):
+                out.append(f"{pad}return {self._expr(stmt.value, scope)[0]}{where}")
+            else:
+                out.append(f"{pad}{py_name(stmt.name)} = {self._expr(stmt.value, scope)[0]}{where}")
+        return out
+
+    def _expr(self, e: ir.Expr, scope: Scope) -> tuple[str, int]:
         if isinstance(e, ir.Ref):
             return py_name(e.name), ATOM
         if isinstance(e, ir.ParamRef):
@@ -255,25 +310,30 @@ class PyExprWriter:
         if isinstance(e, ir.Absent):
             return "None", ATOM
         if isinstance(e, ir.Call):
-            return self._call(e, ctx), ATOM
+            return self._call(e, scope), ATOM
         if e.op in BINARY:
             symbol, prec = BINARY[e.op]
-            left = self._arg(e.args[0], ctx, prec)
-            right = self._arg(e.args[1], ctx, prec + 1)  # left-associative
+            left = self._arg(e.args[0], scope, prec)
+            right = self._arg(e.args[1], scope, prec + 1)  # left-associative
             return f"{left} {symbol} {right}", prec
         if e.op == "neg":
-            return f"-{self._arg(e.args[0], ctx, UNARY)}", UNARY
-        return self._op(e, ctx)
+            return f"-{self._arg(e.args[0], scope, UNARY)}", UNARY
+        if e.op in self.UNARY_FUNCS:
+            return f"{self.UNARY_FUNCS[e.op]}({self._expr(e.args[0], scope)[0]})", ATOM
+        return self._op(e, scope)
 
-    def _arg(self, e: ir.Expr, ctx, min_prec: int) -> str:
-        text, prec = self._expr(e, ctx)
+    def _arg(self, e: ir.Expr, scope: Scope, min_prec: int) -> str:
+        text, prec = self._expr(e, scope)
         return f"({text})" if prec < min_prec else text
 
     def _param_ref(self, e: ir.ParamRef) -> str:
         raise NotImplementedError
 
-    def _call(self, e: ir.Call, ctx) -> str:
+    def _loop_source(self, member: str) -> str:
         raise NotImplementedError
 
-    def _op(self, e: ir.Op, ctx) -> tuple[str, int]:
+    def _call(self, e: ir.Call, scope: Scope) -> str:
+        raise NotImplementedError
+
+    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
         raise NotImplementedError

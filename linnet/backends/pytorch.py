@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import ir
-from .pysource import (ATOM, PLACEHOLDER, comment_generics, comment_text, emission_order, FunctionNamer,
-                       header, mentions, py_dim, py_index_item, py_name, PyExprWriter)
+from .pysource import (ATOM, comment_generics, comment_text, emission_order, FunctionNamer, header, py_dim,
+                       py_index_item, py_name, PyWriter, Scope)
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16",
                 "i64": "torch.int64", "i32": "torch.int32", "i16": "torch.int16", "i8": "torch.int8",
@@ -49,7 +49,11 @@ FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
 }
 
 
-class TorchEmitter(PyExprWriter):
+class TorchEmitter(PyWriter):
+    FUSED = FUSED
+    fused_note = "fused kernel for"
+    UNARY_FUNCS = _UNARY_FUNCS
+
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
         self.fused = fused
@@ -108,67 +112,28 @@ class TorchEmitter(PyExprWriter):
         return "\n".join(lines)
 
     # -------------------------------------------------------------- functions
-    def _function(self, fn: ir.Function) -> str:
-        params = [py_name(name) for name, _ in fn.params]
-        signature = ", ".join((["self"] if fn.block else []) + params)
-        where = comment_text(f"{fn.span.file}:{fn.span.line}")
-        lines = [f"def {PLACEHOLDER}({signature}):",
-                 f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
-        template = FUSED.get(fn.source) if self.fused else None
-        if template is not None:
-            args = [py_name(name) if t is not None else "None" for name, t in fn.params]
-            lines.append(f"    return {template(fn, args)}  # fused kernel for {comment_text(fn.source)}")
-            return "\n".join(lines)
-        body = self._stmts(fn.body, fn, 1)
-        used = "\n".join(body)
-        for dim, (param, axis) in sorted(fn.dim_sources.items()):
-            if mentions(used, py_name(dim)):
-                lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
-        return "\n".join(lines + body)
-
-    def _stmts(self, stmts, fn: ir.Function, depth: int) -> list[str]:
-        pad = "    " * depth
-        out: list[str] = []
-        for stmt in stmts:
-            where = f"  # {comment_text(fn.span.file)}:{stmt.line}"
-            if isinstance(stmt, ir.Loop):
-                out.append(f"{pad}for {py_name(stmt.var)} in self.{py_name(stmt.member)}:{where}")
-                out += self._stmts(stmt.body, fn, depth + 1)
-            elif isinstance(stmt, ir.Return):
-                out.append(f"{pad}return {self._expr(stmt.value, fn)[0]}{where}")
-            else:
-                out.append(f"{pad}{py_name(stmt.name)} = {self._expr(stmt.value, fn)[0]}{where}")
-        return out
-
     # ------------------------------------------------------------ expressions
     def _param_ref(self, e: ir.ParamRef) -> str:
         return f"self.{py_name(e.name)}"
 
-    def _call(self, e: ir.Call, fn: ir.Function) -> str:
-        args = ", ".join(self._expr(a, fn)[0] for a in e.args)
+    def _loop_source(self, member: str) -> str:
+        return f"self.{py_name(member)}"
+
+    def _call(self, e: ir.Call, scope: Scope) -> str:
+        args = ", ".join(self._expr(a, scope)[0] for a in e.args)
         name = self.namer.names[e.function]
         if e.receiver is None:
             return f"{name}({args})"
         target = "self" if e.receiver == "self" else (
-            py_name(e.receiver) if self._is_loop_var(e.receiver, fn) else f"self.{py_name(e.receiver)}")
+            py_name(e.receiver) if e.receiver in scope.loops else f"self.{py_name(e.receiver)}")
         if name == "forward" and e.receiver != "self":
             return f"{target}({args})"  # nn.Module.__call__ runs forward
         return f"{target}.{name}({args})"
 
-    def _is_loop_var(self, name: str, fn: ir.Function) -> bool:
-        def loops(stmts):
-            for s in stmts:
-                if isinstance(s, ir.Loop):
-                    yield s.var
-                    yield from loops(s.body)
-        return name in set(loops(fn.body))
-
-    def _op(self, e: ir.Op, fn: ir.Function) -> tuple[str, int]:
+    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
         op, args = e.op, e.args
-        if op in _UNARY_FUNCS:
-            return f"{_UNARY_FUNCS[op]}({self._expr(args[0], fn)[0]})", ATOM
-        a = [self._expr(x, fn)[0] for x in args]
-        x = self._arg(args[0], fn, ATOM) if args else ""
+        a = [self._expr(x, scope)[0] for x in args]
+        x = self._arg(args[0], scope, ATOM) if args else ""
         if op in ("maximum", "minimum"):
             if isinstance(args[1], ir.Scalar):
                 bound = "min" if op == "maximum" else "max"
@@ -190,13 +155,13 @@ class TorchEmitter(PyExprWriter):
             table, ids = a
             if args[0].type.rank == 2:
                 return f"F.embedding({ids}, {table})", ATOM
-            return f"{self._arg(args[0], fn, ATOM)}[{ids}]", ATOM
+            return f"{self._arg(args[0], scope, ATOM)}[{ids}]", ATOM
         if op == "reshape":
             return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", ATOM  # () for rank 0
         if op == "permute":
             return f"{x}.permute({', '.join(map(str, e.attr('perm')))})", ATOM
         if op == "iota":
-            device = next((py_name(n) for n, t in fn.params if t is not None), None)
+            device = next((py_name(n) for n, t in scope.fn.params if t is not None), None)
             place = f", device={device}.device" if device else ""
             return f"torch.arange({py_dim(e.attr('n'))}, dtype={TORCH_DTYPES[e.attr('dtype')]}{place})", ATOM
         if op == "cast":
