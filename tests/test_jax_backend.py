@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 from linnet import LinnetError, nest  # noqa: E402
 from linnet.cli import main as cli_main  # noqa: E402
+from fixtures.parity import max_diff, random_inputs, reference  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BERT_SOURCE = REPO / "nest" / "bert-base-uncased" / "src" / "lib.linnet"
@@ -33,23 +34,6 @@ BERT_SHAPES = [(1, 1), (2, 7), (3, 64)]
 MINILM_SHAPES = [(1, 1), (2, 33), (1, 512)]
 #: See the module docstring: the f32 noise floor of bert-base's pooled output.
 BERT_POOLED_TOL = 5e-6
-
-
-def random_inputs(batch: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed + 1000 * batch + seq)
-    tokens = rng.integers(0, 30522, size=(batch, seq), dtype=np.int64)
-    token_types = rng.integers(0, 2, size=(batch, seq), dtype=np.int64)
-    return tokens, token_types
-
-
-def reference(model, tokens, token_types) -> tuple[np.ndarray, np.ndarray]:
-    with torch.no_grad():
-        out = model(input_ids=torch.from_numpy(tokens), token_type_ids=torch.from_numpy(token_types))
-    return out.last_hidden_state.numpy(), out.pooler_output.numpy()
-
-
-def max_diff(a, b) -> float:
-    return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
 
 
 @pytest.fixture(scope="module")

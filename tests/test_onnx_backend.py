@@ -14,22 +14,11 @@ import onnx
 import pytest
 import torch
 
+from fixtures.parity import random_inputs, reference
 from linnet import LinnetError, nest
 
 BERT_SHAPES = [(1, 1), (2, 7), (3, 128), (2, 512)]
 MINILM_SHAPES = [(1, 1), (2, 33), (1, 512)]
-
-
-def _inputs(batch: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed + 1000 * batch + seq)
-    return (rng.integers(0, 30522, size=(batch, seq), dtype=np.int64),
-            rng.integers(0, 2, size=(batch, seq), dtype=np.int64))
-
-
-def _reference(model, tokens, token_types):
-    with torch.no_grad():
-        out = model(input_ids=torch.from_numpy(tokens), token_type_ids=torch.from_numpy(token_types))
-    return out.last_hidden_state.numpy(), out.pooler_output.numpy()
 
 
 def _timed_load(name: str, **kwargs):
@@ -61,10 +50,10 @@ def minilm_graph(minilm_onnx):
 
 @pytest.mark.parametrize("batch,seq", BERT_SHAPES)
 def test_bert_base_matches_transformers(bert_onnx, transformers_bert_base, batch, seq):
-    tokens, token_types = _inputs(batch, seq)
+    tokens, token_types = random_inputs(batch, seq)
     hidden = bert_onnx(tokens, token_types)
     pooled = bert_onnx.pool(tokens, token_types)
-    ref_hidden, ref_pooled = _reference(transformers_bert_base, tokens, token_types)
+    ref_hidden, ref_pooled = reference(transformers_bert_base, tokens, token_types)
     hidden_diff, pooled_diff = np.abs(hidden - ref_hidden).max(), np.abs(pooled - ref_pooled).max()
     print(f"onnx bert-base B={batch} S={seq}: hidden {hidden_diff:.3g} pooled {pooled_diff:.3g}")
     assert hidden.shape == (batch, seq, 768) and pooled.shape == (batch, 768)
@@ -85,10 +74,10 @@ def test_bert_base_matches_transformers(bert_onnx, transformers_bert_base, batch
 
 @pytest.mark.parametrize("batch,seq", MINILM_SHAPES)
 def test_minilm_real_weights_match_transformers(minilm_onnx, transformers_minilm, batch, seq):
-    tokens, token_types = _inputs(batch, seq, seed=7)
+    tokens, token_types = random_inputs(batch, seq, seed=7)
     hidden = minilm_onnx(tokens, token_types)
     pooled = minilm_onnx.pool(tokens, token_types)
-    ref_hidden, ref_pooled = _reference(transformers_minilm, tokens, token_types)
+    ref_hidden, ref_pooled = reference(transformers_minilm, tokens, token_types)
     hidden_diff, pooled_diff = np.abs(hidden - ref_hidden).max(), np.abs(pooled - ref_pooled).max()
     print(f"onnx minilm B={batch} S={seq}: hidden {hidden_diff:.3g} pooled {pooled_diff:.3g}")
     assert hidden_diff <= 1e-5
@@ -190,7 +179,7 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
 
 
 def _low_precision_diff(model, reference, seq: int = 64):
-    tokens, token_types = _inputs(2, seq, seed=11)
+    tokens, token_types = random_inputs(2, seq, seed=11)
     hidden, pooled = model(tokens, token_types), model.pool(tokens, token_types)
     ref_hidden, ref_pooled = reference(tokens, token_types), reference.pool(tokens, token_types)
     h = np.abs(hidden.astype(np.float32) - ref_hidden).max()
@@ -290,7 +279,7 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     assert [p.name for p in paths] == ["model.onnx", "model.onnx.data"]
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
-    tokens, token_types = _inputs(1, 9)
+    tokens, token_types = random_inputs(1, 9)
     out = session.run(["pooled"], {"tokens": tokens.astype(np.int32), "token_types": token_types.astype(np.int32),
                                    "attention_mask": np.ones_like(tokens, np.int32)})
     assert np.abs(out[0] - minilm_onnx.pool(tokens, token_types)).max() == 0

@@ -24,9 +24,9 @@ from jax import export as jax_export  # noqa: E402
 from linnet import LinnetError, nest  # noqa: E402
 from linnet.cli import main as cli_main  # noqa: E402
 
+from fixtures.parity import max_diff, random_inputs, reference  # noqa: E402
 from test_jax_backend import (  # noqa: E402
-    BERT_POOLED_TOL, BERT_SHAPES, MINILM_SHAPES, all_ops_inputs, all_ops_params, max_diff, random_inputs,
-    reference, write_all_ops_entry)
+    BERT_POOLED_TOL, BERT_SHAPES, MINILM_SHAPES, all_ops_inputs, all_ops_params, write_all_ops_entry)
 
 
 @pytest.fixture(scope="module")

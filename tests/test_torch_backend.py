@@ -11,17 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from fixtures.parity import random_inputs
 from linnet import LinnetError, nest
 
 BERT_SHAPES = [(1, 1), (2, 7), (3, 128), (4, 512)]
 MINILM_SHAPES = [(1, 1), (2, 7), (4, 128), (1, 512)]
-
-
-def _random_inputs(batch: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed + 1000 * batch + seq)
-    tokens = rng.integers(0, 30522, size=(batch, seq), dtype=np.int64)
-    token_types = rng.integers(0, 2, size=(batch, seq), dtype=np.int64)
-    return tokens, token_types
 
 
 def _reference(model, tokens, token_types):
@@ -42,7 +36,7 @@ def minilm_torch(minilm_checkpoint):
 
 @pytest.mark.parametrize("batch,seq", BERT_SHAPES)
 def test_bert_base_matches_transformers(bert_torch, transformers_bert_base, batch, seq, record_property):
-    tokens, token_types = _random_inputs(batch, seq)
+    tokens, token_types = random_inputs(batch, seq)
     hidden = bert_torch(tokens, token_types)
     pooled = bert_torch.pool(tokens, token_types)
     ref_hidden, ref_pooled = _reference(transformers_bert_base, tokens, token_types)
@@ -57,7 +51,7 @@ def test_bert_base_matches_transformers(bert_torch, transformers_bert_base, batc
 
 @pytest.mark.parametrize("batch,seq", MINILM_SHAPES)
 def test_minilm_real_weights_match_transformers(minilm_torch, transformers_minilm, batch, seq):
-    tokens, token_types = _random_inputs(batch, seq, seed=7)
+    tokens, token_types = random_inputs(batch, seq, seed=7)
     hidden = minilm_torch(tokens, token_types)
     pooled = minilm_torch.pool(tokens, token_types)
     ref_hidden, ref_pooled = _reference(transformers_minilm, tokens, token_types)
@@ -197,7 +191,7 @@ def test_unknown_backend_and_mode(minilm_checkpoint):
 
 def test_compile_mode_matches_eager(minilm_torch, minilm_checkpoint):
     compiled = nest.load("all-minilm-l6-v2", backend="torch", mode="compile")
-    tokens, token_types = _random_inputs(2, 9, seed=3)
+    tokens, token_types = random_inputs(2, 9, seed=3)
     diff = (compiled(tokens, token_types) - minilm_torch(tokens, token_types)).abs().max().item()
     print(f"torch.compile vs eager: {diff:.3g}")
     assert diff <= 1e-5
@@ -205,7 +199,7 @@ def test_compile_mode_matches_eager(minilm_torch, minilm_checkpoint):
 
 def test_bf16_runs_close_to_f32(minilm_torch, minilm_checkpoint):
     bf16 = nest.load("all-minilm-l6-v2", backend="torch", dtype="bf16")
-    tokens, token_types = _random_inputs(2, 16, seed=5)
+    tokens, token_types = random_inputs(2, 16, seed=5)
     out = bf16(tokens, token_types)
     assert out.dtype == torch.bfloat16
     diff = (out.float() - minilm_torch(tokens, token_types)).abs().max().item()
