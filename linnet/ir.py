@@ -213,12 +213,16 @@ class Program:
 
     def param_paths(self) -> list[tuple[str, TensorType]]:
         """Every parameter of the model, by dotted path (`layers.0.up.weight`)."""
-        out: list[tuple[str, TensorType]] = []
+        return [(prefix + name, t) for block_id, prefix in self.instances() for name, t in self.blocks[block_id].params]
+
+    def instances(self) -> list[tuple[str, str]]:
+        """Every block instance in the tree, as (Block.id, param-path prefix): ("Model", ""),
+        ("EncoderLayer", "layers.0."), ... in depth-first order."""
+        out: list[tuple[str, str]] = []
 
         def walk(block_id: str, prefix: str) -> None:
-            block = self.blocks[block_id]
-            out.extend((prefix + name, t) for name, t in block.params)
-            for sub in block.subs:
+            out.append((block_id, prefix))
+            for sub in self.blocks[block_id].subs:
                 if sub.count is None:
                     walk(sub.block, f"{prefix}{sub.name}.")
                 else:

@@ -116,20 +116,7 @@ def _is_pure(expr: ir.Expr) -> bool:
 
 def _block_paths(program: ir.Program, block_id: str) -> list[str]:
     """Every param-path prefix at which `block_id` is instantiated (`layers.3.attention.`)."""
-    out: list[str] = []
-
-    def walk(bid: str, prefix: str) -> None:
-        if bid == block_id:
-            out.append(prefix)
-        for sub in program.blocks[bid].subs:
-            if sub.count is None:
-                walk(sub.block, f"{prefix}{sub.name}.")
-            else:
-                for i in range(sub.count):
-                    walk(sub.block, f"{prefix}{sub.name}.{i}.")
-
-    walk(program.root, "")
-    return out
+    return [prefix for bid, prefix in program.instances() if bid == block_id]
 
 
 def _is_std_linear(program: ir.Program, fn: ir.Function) -> bool:
