@@ -115,9 +115,11 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     from . import report
     from .methods import REFERENCE, Context, methods_for
     from .weights import resolve
+    from .contention import ContentionMeter
     from .workload import environment, load_average, make_batch
 
     started_at = dt.datetime.now(dt.timezone.utc)
+    meter = ContentionMeter()
     weights = resolve(model)
     workdir = bench_cache() / "work" / model / workload.device
     workdir.mkdir(parents=True, exist_ok=True)
@@ -249,11 +251,11 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
 
     load_end = load_average()
     notes_common = [weights.origin]
-    cores = os.cpu_count() or 1
-    busy = env.get("load_average_at_start") and env["load_average_at_start"][0] > 0.5 * cores
-    if workload.device == "cpu" and (busy or (load_end and load_end[0] > cores)):
-        notes_common.append(f"the machine was shared with other work during the run (load average "
-                            f"{env.get('load_average_at_start')} at start, {load_end} at end, {cores} cores)")
+    contention = meter.stop()
+    if contention is not None:
+        env["others_cpu_share"] = round(contention.others_share, 3)
+    if workload.device == "cpu" and contention is not None and contention.shared:
+        notes_common.append(f"the machine was shared with other work during the run ({contention.describe()})")
     env["load_average_at_end"] = load_end
     result = {
         "date": started_at.isoformat(timespec="seconds"),

@@ -109,3 +109,39 @@ def test_samples_json_is_what_the_model_computes():
     computed, _ = samples.similarity(data["sentences"])
     assert np.abs(computed - stored).max() <= 1e-5
     assert np.allclose(np.diag(stored), 1.0, atol=1e-5) and np.allclose(stored, stored.T)
+
+
+def test_contention_counts_other_processes_only(monkeypatch):
+    from bench import contention
+
+    # 10 s wall on 2 cores = 20 core-seconds; the machine got 14 s busier, of which this
+    # process tree used 10 s, so others took 4 s = 20% of capacity.
+    busy = iter([100.0, 114.0])
+    own = iter([5.0, 15.0])
+    wall = iter([0.0, 10.0])
+    monkeypatch.setattr(contention, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(contention, "_own_seconds", lambda: next(own))
+    monkeypatch.setattr(contention.time, "monotonic", lambda: next(wall))
+    monkeypatch.setattr(contention.os, "cpu_count", lambda: 2)
+    result = contention.ContentionMeter().stop()
+    assert result.others_share == pytest.approx(0.2)
+    assert result.shared and "20%" in result.describe()
+
+
+def test_contention_counts_a_live_child_as_own_work():
+    import subprocess
+
+    from bench import contention
+
+    before = contention._own_seconds()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.6\n"
+                              "while time.process_time() < end: pass\nimport sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        import time
+        deadline = time.monotonic() + 30
+        while contention._process_seconds(child.pid) < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert contention._own_seconds() - before >= 0.5  # the child is still alive here
+    finally:
+        child.communicate(b"")
