@@ -191,10 +191,13 @@ def test_unknown_backend_and_mode(minilm_checkpoint):
 
 def test_compile_mode_matches_eager(minilm_torch, minilm_checkpoint):
     compiled = nest.load("all-minilm-l6-v2", backend="torch", mode="compile")
-    tokens, token_types = random_inputs(2, 9, seed=3)
-    diff = (compiled(tokens, token_types) - minilm_torch(tokens, token_types)).abs().max().item()
-    print(f"torch.compile vs eager: {diff:.3g}")
-    assert diff <= 1e-5
+    # The first shape compiles static, the second recompiles with symbolic B and S (frozen
+    # weights both times), the third reuses that graph: each must match eager.
+    for batch, seq, seed in ((2, 9, 3), (1, 17, 4), (3, 5, 5)):
+        tokens, token_types = random_inputs(batch, seq, seed=seed)
+        diff = (compiled(tokens, token_types) - minilm_torch(tokens, token_types)).abs().max().item()
+        print(f"torch.compile vs eager at {batch}x{seq}: {diff:.3g}")
+        assert diff <= 1e-5
 
 
 def test_bf16_runs_close_to_f32(minilm_torch, minilm_checkpoint):

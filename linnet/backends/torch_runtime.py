@@ -79,7 +79,11 @@ class TorchRuntime:
 
         method = getattr(self.model, py_name(entry))
         if self.mode == "compile":
-            return torch.compile(method, dynamic=True)
+            # Inference only, so inductor may freeze the weights into constants: that lets it
+            # pre-pack every Linear's weight for oneDNN and fuse the bias and GELU into it.
+            # Shapes follow torch's default: the first (B, S) compiles static, a second one
+            # recompiles once with symbolic B and S, and later shapes reuse that graph.
+            return torch.compile(method, options={"freezing": True})
         if self.mode == "cudagraphs":
             return torch.compile(method, mode="reduce-overhead")
         return method
