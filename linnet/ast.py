@@ -228,8 +228,27 @@ class Return:
 
 
 @dataclass(eq=False)
+class Collect:
+    """The `let states = ... collect x` part of a collecting `static for`."""
+
+    into: str  # the `let` that receives the stacked values
+    into_span: Span
+    var: Name  # the `var` whose values are collected
+    annotation: "TypeNode | None" = None
+
+    @property
+    def span(self) -> Span:
+        """From the receiving name to the collected one: `states ... collect x`."""
+        start, end = self.into_span, self.var.span
+        return Span(start.file, start.line, start.col, end.end_line, end.end_col)
+
+
+@dataclass(eq=False)
 class StaticFor:
-    """`static for layer in layers { ... }`: unrolled over a sub-block array."""
+    """`static for layer in layers { ... }`: unrolled over a sub-block array.
+
+    With `collect` (`let states = static for layer in layers collect x { ... }`) it also
+    binds `states`: the value of `x` as the loop starts, then after each pass, stacked."""
 
     var: str
     iterable: str
@@ -237,6 +256,7 @@ class StaticFor:
     span: Span
     iterable_span: Span
     var_span: Span | None = None  # the loop variable's name
+    collect: Collect | None = None
 
 
 @dataclass(eq=False)

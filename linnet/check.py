@@ -527,6 +527,8 @@ class Checker:
     def _poison(self, stmt: ast.Stmt, ctx: _FnContext) -> None:
         if isinstance(stmt, ast.Let):
             ctx.bind(stmt.name, _Local(ErrorT(), stmt.mutable, stmt.name_span))
+        elif isinstance(stmt, ast.StaticFor) and stmt.collect is not None:
+            ctx.bind(stmt.collect.into, _Local(ErrorT(), False, stmt.collect.into_span))
 
     def _check_stmt(self, stmt: ast.Stmt, ctx: _FnContext) -> bool:
         return getattr(self, f"_check_{type(stmt).__name__.lower()}")(stmt, ctx)
@@ -578,6 +580,10 @@ class Checker:
         return True
 
     def _check_staticfor(self, stmt: ast.StaticFor, ctx: _FnContext) -> bool:
+        collect = stmt.collect
+        if collect is not None and collect.into in ctx.locals[-1]:
+            _fail("E0105", f"`{collect.into}` is already bound in this scope", collect.into_span,
+                  Note("first bound here", ctx.locals[-1][collect.into].span))
         block = ctx.sig.block
         member = block.subs.get(stmt.iterable) if block else None
         if member is None and block is not None and f"{block.key}#{stmt.iterable}" in self._broken:
@@ -585,6 +591,14 @@ class Checker:
         if member is None or not isinstance(member[0], SubArrayT):
             _fail("E0314", f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
                   stmt.iterable_span)
+        # What is collected is looked up before the body's scope opens: a var of the code
+        # around the loop, whose type every pass keeps.
+        collected: Type = ErrorT()
+        if collect is not None:
+            try:
+                collected = self._collected_type(stmt, ctx)
+            except _Failure as failure:  # reported; the body is still checked
+                self._record(failure)
         element = member[0].element
         ctx.locals.append({stmt.var: _Local(SubT(element.block, element.bindings, stmt.var), False,
                                             stmt.var_span or stmt.span, "loop")})
@@ -599,7 +613,67 @@ class Checker:
             self.errors.append(Diagnostic(
                 "E0315", "`return` inside `static for` is not allowed", ret.span,
                 (Note("the loop is unrolled over the sub-block array; return after it", stmt.iterable_span),)))
+        if collect is not None:
+            self._bind_collection(stmt, member[0].count, collected, ctx)
         return False
+
+    def _collected_type(self, stmt: ast.StaticFor, ctx: _FnContext) -> Type:
+        """The type of the var that `collect x` names: a tensor `var` declared before the loop."""
+        name = stmt.collect.var
+        local = ctx.lookup(name.name)
+        how = "`collect` takes a `var` declared before the loop, which the loop reassigns"
+        if local is None and name.name == stmt.var:
+            _fail("E0318", f"`collect {name.name}`: `{name.name}` is this loop's sub-block, not a value",
+                  name.span, Note(how))
+        if local is None:
+            inner = _declared_in(stmt.body, name.name)
+            if inner is not None:
+                _fail("E0318", f"`collect {name.name}`: `{name.name}` is declared inside the loop, so it does not "
+                      "exist before the first pass", name.span, Note("declared here", inner), Note(how))
+            self._check_name_expr(name, ctx)  # an unknown name fails here, with a suggestion
+            block = ctx.sig.block
+            what = ("a param of block" if block and name.name in block.params else
+                    "a sub-block of block" if block and name.name in block.subs else None)
+            what = f"{what} `{block.name}`" if what else "not a local variable"
+            _fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}", name.span, Note(how))
+        if isinstance(local.type, ErrorT):
+            _silent()
+        if not local.mutable:
+            what = {"param": "a parameter of the function", "loop": "the variable of a `static for`",
+                    "some": "bound by `if let some(...)`"}.get(local.kind, "bound with `let`")
+            _fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}, so it would be the same value "
+                  "in every pass", name.span, Note("declared here", local.span), Note(how))
+        t = local.type
+        if not isinstance(t, TensorT):
+            _fail("E0318", f"`collect {name.name}`: only tensors are collected, and `{name.name}` is {t}",
+                  name.span, Note("declared here", local.span))
+        if t.weak:
+            _fail("E0318", f"`collect {name.name}`: `{name.name}` is a literal scalar without a dtype of its own",
+                  name.span, Note("declared here", local.span),
+                  Note(f"give it one where it is declared, e.g. `var {name.name} = cast<f32>(...)`"))
+        self.names[id(name)] = NameInfo("local", name.name)
+        self.types[id(name)] = t
+        return t
+
+    def _bind_collection(self, stmt: ast.StaticFor, count: DimExpr, collected: Type, ctx: _FnContext) -> None:
+        """Bind `let into = ... collect x`: x before the loop and after each of `count` passes."""
+        collect = stmt.collect
+        t: Type = ErrorT() if isinstance(collected, ErrorT) else TensorT((count + const(1),) + collected.dims,
+                                                                          collected.dtype)
+        if collect.annotation is not None:
+            declared = self._type(collect.annotation, ctx.sig.scope)
+            end = collect.var.span
+            header = Span(end.file, stmt.span.line, stmt.span.col, end.end_line, end.end_col)  # `let ... collect x`
+            ctx.bind(collect.into, _Local(declared, False, collect.into_span))
+            reason = self._mismatch(declared, t, ctx.facts)
+            if reason:
+                x = collect.var.name
+                _fail("E0307", f"the annotation of `{collect.into}` is {declared}, found {t}", header, Note(reason),
+                      Note(f"`collect {x}` gathers `{x}` as the loop starts and after each of its {count} passes: "
+                           f"{count + const(1)} values"),
+                      Note("declared here", collect.annotation.span))
+            return
+        ctx.bind(collect.into, _Local(t, False, collect.into_span))
 
     def _check_ifsome(self, stmt: ast.IfSome, ctx: _FnContext) -> bool:
         t = self._expr(stmt.option, ctx)
@@ -1291,6 +1365,21 @@ def _divisibility_hints(*exprs: DimExpr) -> list[str]:
                 if hint not in hints:
                     hints.append(hint)
     return hints
+
+
+def _declared_in(stmts: list[ast.Stmt], name: str) -> Span | None:
+    """Where `name` is bound by a `let`/`var` somewhere in `stmts` (nested bodies included)."""
+    for stmt in stmts:
+        if isinstance(stmt, ast.Let) and stmt.name == name:
+            return stmt.name_span
+        if isinstance(stmt, ast.StaticFor) and stmt.collect is not None and stmt.collect.into == name:
+            return stmt.collect.into_span
+        for inner in (getattr(stmt, "body", None), getattr(stmt, "then_body", None),
+                      getattr(stmt, "else_body", None)):
+            found = _declared_in(inner, name) if inner else None
+            if found:
+                return found
+    return None
 
 
 def _first_return(stmts: list[ast.Stmt]) -> ast.Return | None:

@@ -134,6 +134,17 @@ class Return:
 
 
 @dataclass(frozen=True)
+class Collect:
+    """What a collecting loop (`let into = static for ... collect var { ... }`) gathers: the
+    value of the local `var` as the loop starts, then after each pass, stacked on a new
+    leading axis into the local `into` of type `type` (`[passes + 1, *var's dims]`)."""
+
+    into: str
+    var: str
+    type: TensorType
+
+
+@dataclass(frozen=True)
 class Loop:
     """`static for var in member { body }` over a sub-block array of the function's block."""
 
@@ -141,6 +152,7 @@ class Loop:
     member: str
     body: tuple["Stmt", ...]
     line: int
+    collect: Collect | None = None
 
 
 Stmt = Union[Let, Assign, Return, Loop]
@@ -244,6 +256,20 @@ def _expr_refs(expr: Expr):
             yield from _expr_refs(a)
 
 
+def bound_names(stmts) -> set[str]:
+    """Every local name the statements bind, in nested loops too: lets, assigned vars, loop
+    variables and collected stacks."""
+    names: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            names |= {stmt.var} | bound_names(stmt.body)
+            if stmt.collect is not None:
+                names.add(stmt.collect.into)
+        elif isinstance(stmt, (Let, Assign)):
+            names.add(stmt.name)
+    return names
+
+
 def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> None:
     defined = {name for name, _ in fn.params}
 
@@ -269,11 +295,27 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
     def check_stmts(stmts) -> None:
         for stmt in stmts:
             if isinstance(stmt, Loop):
+                if stmt.collect is not None:
+                    check_collect(stmt)
                 check_stmts(stmt.body)
+                if stmt.collect is not None:
+                    defined.add(stmt.collect.into)
                 continue
             check_expr(stmt.value)
             if isinstance(stmt, (Let, Assign)):
                 defined.add(stmt.name)
+
+    def check_collect(loop: Loop) -> None:
+        collect = loop.collect
+        if collect.var not in defined:
+            raise InternalError(f"{fn.id}: `collect {collect.var}` of a variable not defined before the loop")
+        subs = {s.name: s for s in program.blocks[fn.block].subs} if fn.block is not None else {}
+        member = subs.get(loop.member)
+        if member is None or member.count is None:
+            raise InternalError(f"{fn.id}: a loop over `{loop.member}`, which is not a sub-block array")
+        if not collect.type.dims or collect.type.dims[0].as_int() != member.count + 1:
+            raise InternalError(f"{fn.id}: `{collect.into}` is {collect.type}, but the loop makes "
+                                f"{member.count} passes, so it collects {member.count + 1} values")
 
     check_stmts(fn.body)
 
@@ -288,9 +330,12 @@ def verify(program: Program) -> None:
         missing = set(entry.dims) - set(entry.dim_sources)
         if missing:
             raise InternalError(f"entry {entry.name}: no input gives dims {sorted(missing)}")
-    allowed = {d for e in program.entries.values() for d in e.dims}
+    entry_dims = {d for e in program.entries.values() for d in e.dims}
     for fn in program.functions.values():
-        _verify_function(program, fn, allowed)
+        # A function may also use dims of its own that it reads from its inputs (lowering
+        # makes them for a product of the caller's dims, such as `B * C`).
+        readable = {s for _, t in fn.params if t is not None for d in t.dims for s in d.free_symbols()}
+        _verify_function(program, fn, entry_dims | readable)
     for block in program.blocks.values():
         for sub in block.subs:
             if sub.block not in program.blocks:

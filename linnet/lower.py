@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from . import ast, ir
 from .check import CheckedProgram, FnSig
 from .diagnostics import InternalError, LinnetError, Diagnostic
-from .dims import DimExpr, const, sym
+from .dims import DimExpr, Sym, const, sym
 from .instantiate import BlockInstance, Instance
-from .types import (Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
+from .types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
                     number_range, substitute, substitute_dims)
 
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
@@ -87,10 +87,39 @@ class _Scope:
     env: dict
     block: BlockInstance | None
     block_id: str | None
-    names: dict[str, str] = field(default_factory=dict)  # Linnet local -> emitted name
+    # Linnet local -> emitted name, for the names visible where lowering is; a nested body
+    # (`static for`, `if let`) works on a copy, so its bindings end with it.
+    names: dict[str, str] = field(default_factory=dict)
     present: dict[str, bool] = field(default_factory=dict)  # Option param -> passed some(...)
-    loop_vars: dict[str, str] = field(default_factory=dict)  # loop variable -> sub array member
+    # Visible loop variable (Linnet name) -> (emitted name, sub array member).
+    loop_vars: dict[str, tuple[str, str]] = field(default_factory=dict)
     used_dims: set[str] = field(default_factory=set)
+    # Every name the function's source binds or declares (params, locals, loop variables,
+    # generics): a renamed local must not take one of them.
+    source_names: set[str] = field(default_factory=set)
+    emitted: set[str] = field(default_factory=set)  # emitted local names given out so far
+
+    def enter(self) -> tuple[dict, dict]:
+        """Open a nested body; `leave` with the result restores what is visible after it."""
+        return dict(self.names), dict(self.loop_vars)
+
+    def leave(self, saved: tuple[dict, dict]) -> None:
+        self.names, self.loop_vars = saved
+
+    def bind(self, name: str, avoid: frozenset[str] = frozenset()) -> str:
+        """The emitted name of a new local `name`.
+
+        Generated code has one flat namespace per function, where Linnet has a scope per
+        body: a `let h` inside a `static for` that shadows an `h` outside must not overwrite
+        it. So a name that would clobber a visible one (or one in `avoid`) becomes `h_2`."""
+        taken = set(self.names.values()) | {emitted for emitted, _ in self.loop_vars.values()} | avoid
+        emitted, n = name, 2
+        while emitted in taken:
+            # A new name must also differ from every name the source or earlier lowering uses.
+            emitted, n = f"{name}_{n}", n + 1
+            taken |= self.source_names | self.emitted
+        self.emitted.add(emitted)
+        return emitted
 
 
 class Lowerer:
@@ -102,6 +131,8 @@ class Lowerer:
         self.instances: dict[str, BlockInstance] = {}
         self.functions: dict[str, ir.Function] = {}
         self.function_ids: dict[tuple, str] = {}
+        #: Every dim symbol in use: the entries' dims, and the local ones `_local_dims` makes.
+        self.dim_names: set[str] = {d for sig in instance.entries.values() for d in sig.dims}
 
     # ---------------------------------------------------------------- blocks
     def lower(self) -> ir.Program:
@@ -167,9 +198,12 @@ class Lowerer:
         fn_id = self._new_function_id(sig, block_id)
         self.function_ids[key] = fn_id
         scope = _Scope(sig, env, block, block_id)
+        scope.source_names = ({name for name, _, _ in sig.params} | set(sig.scope)
+                              | _declared_names(sig.node.body))
         params: list[tuple[str, ir.TensorType | None]] = []
         for (name, t, _), is_present in zip(sig.params, presence or (True,) * len(sig.params)):
             scope.names[name] = name
+            scope.emitted.add(name)
             if isinstance(t, OptionT):
                 scope.present[name] = is_present
                 params.append((name, _concrete(t.inner, env) if is_present else None))
@@ -224,24 +258,46 @@ class Lowerer:
     def _stmt(self, stmt: ast.Stmt, scope: _Scope) -> list[ir.Stmt]:
         line = stmt.span.line
         if isinstance(stmt, ast.Let):
-            scope.names[stmt.name] = stmt.name
-            return [ir.Let(stmt.name, self._expr(stmt.value, scope), line)]
+            value = self._expr(stmt.value, scope)  # before the name is bound: `let x = x + 1` reads the old x
+            scope.names[stmt.name] = scope.bind(stmt.name)
+            return [ir.Let(scope.names[stmt.name], value, line)]
         if isinstance(stmt, ast.Assign):
             return [ir.Assign(scope.names[stmt.name], self._expr(stmt.value, scope), line)]
         if isinstance(stmt, ast.Return):
             return [ir.Return(self._expr(stmt.value, scope), line)]
         if isinstance(stmt, ast.StaticFor):
-            scope.loop_vars[stmt.var] = stmt.iterable
-            body = self._stmts(stmt.body, scope)
-            return [ir.Loop(stmt.var, stmt.iterable, tuple(body), line)]
+            return [self._loop(stmt, scope)]
         if isinstance(stmt, ast.IfSome):
             # Decided here: the instantiation knows whether the Option was passed.
             option = stmt.option.name
+            saved = scope.enter()
             if scope.present.get(option):
                 scope.names[stmt.binding] = scope.names[option]
-                return self._stmts(stmt.then_body, scope)
-            return self._stmts(stmt.else_body, scope)
+                body = self._stmts(stmt.then_body, scope)
+            else:
+                body = self._stmts(stmt.else_body, scope)
+            scope.leave(saved)
+            return body
         raise InternalError(f"cannot lower statement {type(stmt).__name__}")
+
+    def _loop(self, stmt: ast.StaticFor, scope: _Scope) -> ir.Loop:
+        collect = stmt.collect
+        # The stack is built in a local of its own while the body runs, so its name must not
+        # be one that the body binds.
+        into = scope.bind(collect.into, frozenset(_declared_names(stmt.body) | {stmt.var})) if collect else None
+        saved = scope.enter()
+        var = scope.bind(stmt.var)
+        scope.loop_vars[stmt.var] = (var, stmt.iterable)
+        body = tuple(self._stmts(stmt.body, scope))
+        scope.leave(saved)
+        if collect is None:
+            return ir.Loop(var, stmt.iterable, body, stmt.span.line)
+        values = self._tensor_type(collect.var, scope)
+        passes = len(scope.block.children[stmt.iterable])
+        stacked = ir.TensorType((const(passes + 1),) + values.dims, values.dtype)
+        scope.names[collect.into] = into
+        return ir.Loop(var, stmt.iterable, body, stmt.span.line,
+                       ir.Collect(into, scope.names[collect.var.name], stacked))
 
     # ----------------------------------------------------------- expressions
     def _type_of(self, node, scope: _Scope) -> Type:
@@ -350,8 +406,7 @@ class Lowerer:
 
     def _lower_methodcall(self, node: ast.MethodCall, scope: _Scope) -> ir.Expr:
         info = self.checked.calls[id(node)]
-        receiver = node.receiver.name
-        member = scope.loop_vars.get(receiver, receiver)
+        receiver, member = scope.loop_vars.get(node.receiver.name, (node.receiver.name, node.receiver.name))
         child = scope.block.children[member]
         block = child[0] if isinstance(child, list) else child
         return self._call(node, info, scope, block, receiver)
@@ -364,9 +419,31 @@ class Lowerer:
         presence = tuple(not isinstance(self._type_of(a, scope), NoneT) for a in node.args)
         if not any(isinstance(t, OptionT) for _, t, _ in callee.params):
             presence = ()
+        env = self._local_dims(callee, env)
         fn_id = self._function(callee, env, block, presence)
         args = tuple(self._expr(a, scope) for a in node.args)
         return ir.Call(fn_id, args, self._tensor_type(node, scope), node.span.line, receiver)
+
+    def _local_dims(self, callee: FnSig, env: dict) -> dict:
+        """A callee's dims bound to a product or sum of the caller's (`B * C` when a
+        multiple-choice head flattens [B, C, S] to [B * C, S]) become dims of its own.
+
+        Generated code reads every dim a function uses from its own inputs' shapes, and no
+        input axis of the callee holds `B` or `C` alone, only `B * C`: a fresh symbol for
+        the whole product is what the callee can read.  Its name is the callee's generic,
+        made unique in the program (`B_2`).
+        """
+        out = dict(env)
+        for name in (g.name for g in callee.generics if g.kind == DIM_KIND):
+            value = env.get(name)
+            if not isinstance(value, DimExpr) or value.as_int() is not None or _is_symbol(value):
+                continue
+            fresh, n = name, 2
+            while fresh in self.dim_names:
+                fresh, n = f"{name}_{n}", n + 1
+            self.dim_names.add(fresh)
+            out[name] = sym(fresh)
+        return out
 
     # ------------------------------------------------------------ primitives
     def _prim(self, node: ast.Call, info, scope: _Scope) -> ir.Expr:
@@ -411,6 +488,21 @@ class Lowerer:
 _COMPARISONS = ("less", "greater", "equal")
 
 
+def _declared_names(stmts: list[ast.Stmt]) -> set[str]:
+    """The names `let`, `var`, `static for` and `if let` bind in `stmts`, nested bodies included."""
+    names: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, ast.Let):
+            names.add(stmt.name)
+        elif isinstance(stmt, ast.StaticFor):
+            names |= {stmt.var} | _declared_names(stmt.body)
+            if stmt.collect is not None:
+                names.add(stmt.collect.into)
+        elif isinstance(stmt, ast.IfSome):
+            names |= {stmt.binding} | _declared_names(stmt.then_body) | _declared_names(stmt.else_body)
+    return names
+
+
 def _fold_arith(op: str, a: float, b: float) -> float:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else math.inf}[op]
 
@@ -418,3 +510,9 @@ def _fold_arith(op: str, a: float, b: float) -> float:
 def lower(instance: Instance) -> ir.Program:
     """Lower one instantiated model to the backend-neutral program every emitter reads."""
     return Lowerer(instance).lower()
+
+
+def _is_symbol(value: DimExpr) -> bool:
+    """`B`, as opposed to `B * C`, `2 * B` or `B + 1`."""
+    return (len(value.terms) == 1 and value.terms[0][1] == 1 and len(value.terms[0][0]) == 1
+            and value.terms[0][0][0][1] == 1 and isinstance(value.terms[0][0][0][0], Sym))

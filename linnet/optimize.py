@@ -231,7 +231,7 @@ def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, stmt, group: l
             out.plan[f"{prefix}{member}.{p}"] = ParamTransform(
                 f"{prefix}{member}.{p}", tuple(f"{prefix}{c.receiver}.{p}" for c in group), 0)
     # The statement: `let <member> = <member>.forward(x)` before it, each call a slice of it.
-    taken = {n for n, _ in fn.params} | {s.name for s in fn.body if isinstance(s, (ir.Let, ir.Assign))}
+    taken = {n for n, _ in fn.params} | ir.bound_names(fn.body)
     local = _unique(member, taken)
     let = ir.Let(local, ir.Call(fused_fn_id, (group[0].args[0],), result, stmt.line, member), stmt.line)
     slices: dict[int, ir.Op] = {}

@@ -410,6 +410,13 @@ class _ToAst(Transformer):
         var, iterable, (_, body) = children
         return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var))
 
+    def collect_stmt(self, meta, children):
+        into, *annotation, var, iterable, collected, (_, body) = children
+        collect = ast.Collect(str(into), self._t(into), ast.Name(str(collected), self._t(collected)),
+                              annotation[0] if annotation else None)
+        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var),
+                             collect)
+
     def if_some_stmt(self, meta, children):
         binding, option, (_, then_body), *rest = children
         else_body = rest[0][1] if rest else []

@@ -73,6 +73,18 @@ pub block class<torch: Dim, F: Dim, nn: Dim, T: Float> {{
         }}
         return __import__
     }}
+
+    // Entries named like the param `np`, the sub `jnp` and the sub array `jax`: in a
+    // generated class the method would hide the member of the same name.
+    pub entry np<B: Dim, S: Dim>(print: Tensor[B, S; i32], super: Tensor[B, S; i32] = zeros) -> Tensor[B, S, nn; T] {{
+        return forward(print, super)
+    }}
+    pub entry jnp<B: Dim, S: Dim>(print: Tensor[B, S; i32], super: Tensor[B, S; i32] = zeros) -> Tensor[B, S, nn; T] {{
+        return forward(print, super)
+    }}
+    pub entry jax<B: Dim, S: Dim>(print: Tensor[B, S; i32], super: Tensor[B, S; i32] = zeros) -> Tensor[B, S, nn; T] {{
+        return forward(print, super)
+    }}
 }}
 """
 
@@ -219,6 +231,9 @@ def test_hostile_names_run_correctly_on_every_backend(hostile, backend):
     # Keyword arguments use the Linnet names, whatever the generated names are.
     again = np.asarray(model(print=tokens, super=types), dtype=np.float64)
     np.testing.assert_array_equal(again, out)
+    # Entries sharing a name with a param, a sub and a sub array still reach those members.
+    for clashing in ("np", "jnp", "jax"):
+        np.testing.assert_array_equal(np.asarray(model.run(clashing, tokens, super=types), dtype=np.float64), out)
     if model.info.generated is not None and Path(model.info.generated).suffix == ".py":
         assert_payload_only_in_comments(Path(model.info.generated).read_text(encoding="utf-8"))
     assert not marker.exists()
@@ -233,7 +248,9 @@ def test_onnx_node_and_initializer_names_are_unique_and_payload_free(hostile):
 
     ctx, _ = nest.prepare(entry, weights=weights)
     tensors = ctx.tensors("numpy")
-    files = onnx_backend.emit(ctx.program, tensors, name="hostile", outputs={"forward": "hidden"})
+    # `np` is also a param name: the output must keep it and the initializer give way.
+    files = onnx_backend.emit(ctx.program, tensors, name="hostile",
+                              outputs={"forward": "hidden", "np": "np", "jnp": "jnp", "jax": "jax"})
     model = files[0].model
     onnx.checker.check_model(model, full_check=True)
     names = [n.name for n in model.graph.node] + [t.name for t in model.graph.initializer]

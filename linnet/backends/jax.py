@@ -56,6 +56,7 @@ class JaxEmitter(PyWriter):
     FUSED = FUSED
     receiver = PARAMS
     UNARY_FUNCS = _UNARY_FUNCS
+    STACK = "jnp.stack"
 
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program

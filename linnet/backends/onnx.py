@@ -247,6 +247,8 @@ class GraphEmitter:
                     array = np.ascontiguousarray(array.T)
                     doc += ", stored transposed for MatMul"
                     name = f"{path}^T"
+                # Unique, since an input or an entry's output may already have the name.
+                name = self._unique(name)
                 self._params[key] = self._initializer(name, array, elem_type(t.dtype), doc)
                 self._by_array[(id(self.tensors[path]), transposed)] = self._params[key]
         return self._params[key]
@@ -321,6 +323,11 @@ class GraphEmitter:
             return self._memo[key]
         fn = self.program.functions[fn_id]
         frame = _Frame(fn, prefix, {name: a for (name, _), a in zip(fn.params, args)})
+        for dim, (param, axis) in fn.dim_sources.items():
+            # A dim of the function's own (lowering's name for a product like B * C) is read
+            # from the argument's shape, as the Python emitters read it from the parameter's.
+            if dim not in self._dim_sources and frame.env.get(param):
+                self._dim_sources[dim] = (frame.env[param], axis)
         fused = FUSED.get(fn.source)
         result = fused(self, frame, args, scalars or {}) if fused is not None else None
         if result is None:
@@ -334,17 +341,35 @@ class GraphEmitter:
         for stmt in stmts:
             if isinstance(stmt, ir.Loop):
                 member = self._sub(frame, stmt.member)
+                # A collecting loop keeps the var's value as the loop starts and after each pass.
+                collected = [frame.env[stmt.collect.var]] if stmt.collect is not None else []
                 for i in range(member.count or 0):
                     frame.loops[stmt.var] = f"{frame.prefix}{stmt.member}.{i}."
                     result = self._stmts(stmt.body, frame)
                     if result is not None:
                         return result
+                    if stmt.collect is not None:
+                        collected.append(frame.env[stmt.collect.var])
                 frame.loops.pop(stmt.var, None)
+                if stmt.collect is not None:
+                    frame.env[stmt.collect.into] = self._stack(collected, stmt, frame)
             elif isinstance(stmt, ir.Return):
                 return self.expr(stmt.value, frame)
             else:
                 frame.env[stmt.name] = self.expr(stmt.value, frame)
         return None
+
+    def _stack(self, values: list[str], loop: ir.Loop, frame: _Frame) -> str:
+        """The collected values on a new first axis: an Unsqueeze of each, then one Concat."""
+        out = elem_type(loop.collect.type.dtype)
+        scope = self.scope(frame)
+        doc = self.doc(frame, loop.line) + f" (collect {loop.collect.var} into {loop.collect.into})"
+        axes = self.constant([0], "i64", (1,))
+        rows: dict[str, str] = {}  # a var the loop leaves unchanged is unsqueezed once
+        for value in values:
+            if value not in rows:
+                rows[value] = self.node("Unsqueeze", [value, axes], out, scope=scope, doc=doc)
+        return self.node("Concat", [rows[v] for v in values], out, scope=scope, doc=doc, axis=0)
 
     def _sub(self, frame: _Frame, member: str) -> ir.Sub:
         block = self.program.blocks[frame.fn.block]

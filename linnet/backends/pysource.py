@@ -261,6 +261,8 @@ class PyWriter:
     fused_note = "fused form of"
     #: IR op -> the framework function applying it elementwise (`erf` -> `torch.erf`).
     UNARY_FUNCS: dict[str, str] = {}
+    #: The framework function stacking a list of same-shaped tensors on a new first axis.
+    STACK = ""
     fused = True
 
     def _function(self, fn: ir.Function) -> str:
@@ -287,9 +289,16 @@ class PyWriter:
         for stmt in stmts:
             where = f"  # {comment_text(scope.fn.span.file)}:{stmt.line}"
             if isinstance(stmt, ir.Loop):
+                collect = stmt.collect
+                if collect is not None:  # a list of the var's values, stacked after the loop
+                    into, var = py_name(collect.into), py_name(collect.var)
+                    out.append(f"{pad}{into} = [{var}]{where}")
                 # Unrolled when traced or run: one pass of the body per element of the sub array.
                 out.append(f"{pad}for {py_name(stmt.var)} in {self._loop_source(stmt.member)}:{where}")
                 out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}), depth + 1)
+                if collect is not None:
+                    out.append(f"{pad}    {into}.append({var}){where}")
+                    out.append(f"{pad}{into} = {self.STACK}({into}){where}")
             elif isinstance(stmt, ir.Return):
                 out.append(f"{pad}return {self._expr(stmt.value, scope)[0]}{where}")
             else:

@@ -53,11 +53,13 @@ class TorchEmitter(PyWriter):
     FUSED = FUSED
     fused_note = "fused kernel for"
     UNARY_FUNCS = _UNARY_FUNCS
+    STACK = "torch.stack"
 
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
         self.fused = fused
         self.namer = FunctionNamer()
+        self._methods: set[str] = set()  # method names of the class being written
 
     # ----------------------------------------------------------------- module
     def emit(self, title: str = "PyTorch module") -> str:
@@ -97,9 +99,12 @@ class TorchEmitter(PyWriter):
         lines = [f"class {py_name(block.id)}(nn.Module):",
                  f'    """{comment_text(block.source)}<{comment_generics(block.generics)}>  ({source})"""', "",
                  "    def __init__(self):", "        super().__init__()"]
+        method_names = {py_name(f.name) for f in self.program.functions.values() if f.block == block.id}
         for name, t in block.params:
             shape = ", ".join(py_dim(d) for d in t.dims) or "()"  # a rank-0 param: torch.empty(())
-            lines.append(f"        self.{py_name(name)} = nn.Parameter(torch.empty({shape}, "
+            # A method of the same name would make `self.<name> = ...` refuse the param.
+            target = f'self._parameters["{py_name(name)}"]' if py_name(name) in method_names else f"self.{py_name(name)}"
+            lines.append(f"        {target} = nn.Parameter(torch.empty({shape}, "
                          f"dtype={TORCH_DTYPES[t.dtype]}), requires_grad=False)")
         for sub in block.subs:
             cls = py_name(sub.block)
@@ -112,12 +117,24 @@ class TorchEmitter(PyWriter):
         return "\n".join(lines)
 
     # -------------------------------------------------------------- functions
+    def _function(self, fn: ir.Function) -> str:
+        # The class's own method names: a param or sub of the same name (an entry `mlm`
+        # over a sub `mlm`) is hidden by the method on `self.<name>`, so it is reached by name.
+        self._methods = {py_name(f.name) for f in self.program.functions.values() if f.block == fn.block}
+        return super()._function(fn)
+
+    def _member(self, name: str, table: str) -> str:
+        attribute = py_name(name)
+        if attribute in self._methods:
+            return f'self.{table}["{attribute}"]'
+        return f"self.{attribute}"
+
     # ------------------------------------------------------------ expressions
     def _param_ref(self, e: ir.ParamRef) -> str:
-        return f"self.{py_name(e.name)}"
+        return self._member(e.name, "_parameters")
 
     def _loop_source(self, member: str) -> str:
-        return f"self.{py_name(member)}"
+        return self._member(member, "_modules")
 
     def _call(self, e: ir.Call, scope: Scope) -> str:
         args = ", ".join(self._expr(a, scope)[0] for a in e.args)
@@ -125,7 +142,7 @@ class TorchEmitter(PyWriter):
         if e.receiver is None:
             return f"{name}({args})"
         target = "self" if e.receiver == "self" else (
-            py_name(e.receiver) if e.receiver in scope.loops else f"self.{py_name(e.receiver)}")
+            py_name(e.receiver) if e.receiver in scope.loops else self._member(e.receiver, "_modules"))
         if name == "forward" and e.receiver != "self":
             return f"{target}({args})"  # nn.Module.__call__ runs forward
         return f"{target}.{name}({args})"

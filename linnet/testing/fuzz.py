@@ -74,7 +74,8 @@ DTYPES = ["f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "bool", 
 KINDS = ["Dim", "Float", "Int", "Shape", "Dtype", "Type"]
 KEYWORDS = ["fn", "entry", "block", "sub", "param", "let", "var", "return", "static", "for", "in", "if", "else",
             "some", "none", "where", "use", "module", "pub", "const", "broadcasts", "to", "zeros", "ones",
-            "Tensor", "Option", "cast", "reshape", "permute", "take", "matmul", "softmax", "sum", "mean"]
+            "Tensor", "Option", "cast", "reshape", "permute", "take", "matmul", "softmax", "sum", "mean",
+            "collect"]
 # Names that must never reach generated code unchanged (Python keywords, builtins, imports).
 HOSTILE_NAMES = ["class", "lambda", "print", "torch", "F", "nn", "jnp", "jax", "params", "self", "np", "import",
                  "def", "None", "True", "__import__", "exec", "eval", "os", "sys", "_dims", "_linnet", "lax",
@@ -211,8 +212,9 @@ def _cached_parse_file(pristine: dict[str, bytes], root: Path):
 
 
 def small_manifest(text: str) -> str:
-    """The BERT nest.toml with small generics and no [weights]: emission needs no checkpoint."""
-    text = re.sub(r"\n\[weights\].*?(?=\n\[|\Z)", "\n", text, flags=re.S)
+    """The BERT nest.toml with small generics and no [weights]: emission needs no checkpoint
+    (and no [tokenizer], whose files come from the [weights] repo)."""
+    text = re.sub(r"\n\[(weights|tokenizer)\].*?(?=\n\[|\Z)", "\n", text, flags=re.S)
     for name, value in SMALL_GENERICS.items():
         text = re.sub(rf"(?m)^{name}\s*=.*$", f"{name} = {value}", text)
     return text
