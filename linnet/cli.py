@@ -152,11 +152,40 @@ def cmd_quickstart(args, parser) -> int:
     return run()
 
 
+def cmd_zoo(args, parser) -> int:
+    """The zoo's entries as a table (or JSON); exit 1 when some entry does not load or compile."""
+    from .nest.zoo import format_table, list_zoo
+
+    entries = list_zoo()
+    if args.json:
+        print(json.dumps([e.to_json() for e in entries], indent=2))
+    else:
+        print(format_table(entries))
+    broken = [e for e in entries if e.problem]
+    for entry in broken:
+        print(f"{entry.name}: {entry.problem}", file=sys.stderr)
+    return EXIT_ERRORS if broken else EXIT_OK
+
+
+def cmd_run(args, parser) -> int:
+    """Tokenise the texts, run the model, print what its entry is for (see linnet/run.py)."""
+    from .run import Options, run
+
+    if args.top < 1:
+        parser.error("--top must be at least 1")
+    options = Options(args.name, args.texts, backend=args.backend, task=args.task, top=args.top,
+                      weights=args.weights, revision=args.revision)
+    for line in run(options):
+        print(line)
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .backends import available
+    from .run import TASKS
 
     parser = argparse.ArgumentParser(prog="linnet", description="Linnet: typed neural-network blocks and the Nest zoo")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -187,6 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
     triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
     quick.set_defaults(handler=cmd_quickstart)
+    run = sub.add_parser("run", help="tokenise texts, run a model and print what it is for "
+                                     "(fill-mask, similarity, classification, pooled vectors)")
+    run.add_argument("name", metavar="NAME", help="zoo entry (name or folder) or hf:org/repo")
+    run.add_argument("texts", nargs="+", metavar="TEXT", help="texts to run; [MASK] marks a token to fill")
+    run.add_argument("--backend", choices=available(), default="torch")
+    run.add_argument("--task", choices=TASKS, default="auto",
+                     help="what to print (default: chosen from the model's entries and the texts)")
+    run.add_argument("--top", type=int, default=5, metavar="K", help="candidates or labels shown (default 5)")
+    run.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    run.add_argument("--revision", help="another revision of the weights repo")
+    run.set_defaults(handler=cmd_run)
+    zoo = sub.add_parser("zoo", help="list the zoo's entries: title, size, license, tags, pinned weights")
+    zoo.add_argument("--json", action="store_true", help="print the listing as JSON")
+    zoo.set_defaults(handler=cmd_zoo)
     return parser
 
 

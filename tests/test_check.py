@@ -68,10 +68,10 @@ def bert():
     return compile_target(locate(BERT))
 
 
-def test_bert_checks_with_both_entries(bert):
+def test_bert_checks_with_every_entry(bert):
     assert bert.target.kind == "entry"
-    assert bert.instance.root.block.name == "Model"
-    assert list(bert.instance.entries) == ["forward", "pool", "embed"]
+    assert bert.instance.root.block.name == "PreTraining"
+    assert list(bert.instance.entries) == ["forward", "hidden_states", "pool", "embed", "mlm", "nsp"]
     assert bert.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768, "Heads": 12,
                              "Inner": 3072, "Layers": 12, "T": "f32"}
     assert bert.check_dims == {"B": 1, "S": 8}
@@ -84,11 +84,13 @@ def test_bert_entry_signatures(bert):
     assert str(entries["forward"]) == f"forward<B, S>{inputs} -> Tensor[B, S, 768; f32] where S <= 512"
     assert str(entries["pool"]) == f"pool<B, S>{inputs} -> Tensor[B, 768; f32] where S <= 512"
     assert str(entries["embed"]) == f"embed<B, S>{inputs} -> Tensor[B, 768; f32] where S <= 512"
+    assert str(entries["mlm"]) == f"mlm<B, S>{inputs} -> Tensor[B, S, 30522; f32] where S <= 512"
+    assert str(entries["nsp"]) == f"nsp<B, S>{inputs} -> Tensor[B, 2; f32] where S <= 512"
     assert entries["forward"].dim_sources() == {"B": ("tokens", 0), "S": ("tokens", 1)}
 
 
-def test_bert_precondition_is_recorded_for_both_entries(bert):
-    for name in ("forward", "pool", "embed"):
+def test_bert_precondition_is_recorded_for_every_entry(bert):
+    for name in ("forward", "hidden_states", "pool", "embed", "mlm", "nsp"):
         (pre,) = bert.instance.entries[name].preconditions
         assert str(pre) == "S <= 512"
         assert str(pre.clause) == "S <= MaxPositions"
@@ -100,15 +102,21 @@ def test_bert_precondition_is_recorded_for_both_entries(bert):
 
 def test_bert_parameter_count_and_tensors(bert):
     instance = bert.instance
-    assert instance.param_count == 109_482_240
-    assert len(instance.params) == 199
+    # Every value of the upstream model.safetensors (440,425,712 bytes of f32): the encoder,
+    # pooler and both pre-training heads, with the masked-LM decoder tied, not stored twice.
+    assert instance.param_count == 110_106_428 == 440_425_712 // 4
+    assert len(instance.params) == 206
     shapes = {p.name: p.shape for p in instance.params}
-    assert shapes["embeddings.word_embeddings"] == (30522, 768)
-    assert shapes["embeddings.position_embeddings"] == (512, 768)
-    assert shapes["layers.0.attention.query.weight"] == (768, 768)
-    assert shapes["layers.11.up.weight"] == (3072, 768)
-    assert shapes["layers.11.down.bias"] == (768,)
-    assert shapes["pooler.dense.weight"] == (768, 768)
+    assert shapes["bert.encoder.embeddings.word_embeddings"] == (30522, 768)
+    assert shapes["bert.encoder.embeddings.position_embeddings"] == (512, 768)
+    assert shapes["bert.encoder.layers.0.attention.query.weight"] == (768, 768)
+    assert shapes["bert.encoder.layers.11.up.weight"] == (3072, 768)
+    assert shapes["bert.encoder.layers.11.down.bias"] == (768,)
+    assert shapes["bert.pooler.dense.weight"] == (768, 768)
+    assert shapes["mlm.transform.weight"] == (768, 768) and shapes["mlm.bias"] == (30522,)
+    assert shapes["nsp.weight"] == (2, 768) and shapes["nsp.bias"] == (2,)
+    assert [name for name, shape in shapes.items() if shape == (30522, 768)] == [
+        "bert.encoder.embeddings.word_embeddings"]
     assert {p.dtype for p in instance.params} == {"f32"}
 
 
@@ -128,8 +136,8 @@ def test_bert_generic_signatures(bert):
 
 
 def test_bert_sub_arrays_and_defaults(bert):
-    model = bert.checked.find_block("Model")
-    layers, _ = model.subs["layers"]
+    encoder = bert.checked.find_block("Encoder")
+    layers, _ = encoder.subs["layers"]
     assert isinstance(layers, SubArrayT) and layers.count == sym("Layers")
     linear = bert.checked.find_block("Attention").subs["query"][0]
     assert isinstance(linear, SubT) and dict(linear.bindings)["In"] == sym("D")
@@ -138,7 +146,7 @@ def test_bert_sub_arrays_and_defaults(bert):
 def test_overrides_change_generics_and_check_dims():
     compiled = compile_target(locate(BERT), {"S": 512, "Layers": 2, "T": "f16"})
     assert compiled.check_dims["S"] == 512
-    assert len([p for p in compiled.instance.params if p.name.startswith("layers.")]) == 2 * 16
+    assert len([p for p in compiled.instance.params if p.name.startswith("bert.encoder.layers.")]) == 2 * 16
     assert {p.dtype for p in compiled.instance.params} == {"f16"}
 
 

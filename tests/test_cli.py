@@ -26,17 +26,24 @@ def linnet(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           text=True, timeout=120, env=env)
 
 
-def position_of(path: Path, needle: str, occurrence: int = 0) -> str:
-    """`line:col` of the n-th occurrence (negative: from the end) of `needle` in a file, 1-based."""
+def position_of(path: Path, needle: str, occurrence: int = 0, after: str = "") -> str:
+    """`line:col` of the n-th occurrence (negative: from the end) of `needle` in a file, 1-based,
+    counting only lines after the first one that holds `after`."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line) if after else 0
     found = [(number, line.index(needle) + 1) for number, line in
-             enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if needle in line]
+             enumerate(lines[start:], start=start + 1) if needle in line]
     line, col = found[occurrence]
     return f"{line}:{col}"
 
 
+#: bert-base-uncased's root block, whose entries and `where` clauses `linnet check` reports.
+BERT_ROOT = "pub block PreTraining<"
+
+
 def entry_precondition(occurrence: int) -> str:
-    """Where the entries' `S <= MaxPositions` clause is: the last two `where` lines of the file."""
-    line, col = position_of(BERT_SOURCE, "where S <= MaxPositions", occurrence).split(":")
+    """Where the n-th entry of the root block states its `S <= MaxPositions` clause."""
+    line, col = position_of(BERT_SOURCE, "where S <= MaxPositions", occurrence, after=BERT_ROOT).split(":")
     return f"{line}:{int(col) + len('where ')}"
 
 
@@ -50,7 +57,7 @@ def test_check_bert_succeeds_with_signatures_and_parameter_count():
     assert result.returncode == 0, result.stderr
     assert FORWARD in result.stdout
     assert POOL in result.stdout
-    assert "params: 109,482,240 in 199 tensors" in result.stdout
+    assert "params: 110,106,428 in 206 tensors" in result.stdout
     assert ("at B=1, S=8: (tokens: Tensor[1, 8; i32], token_types: Tensor[1, 8; i32], "
             "attention_mask: Tensor[1, 8; i32]) -> Tensor[1, 8, 768; f32]") in result.stdout
     assert result.stderr == ""
@@ -66,13 +73,13 @@ def test_sequence_too_long_names_the_precondition():
     result = linnet("check", "nest/bert-base-uncased", "--set", "S=600")
     assert result.returncode == 1
     assert_no_traceback(result)
-    assert f"lib.linnet:{entry_precondition(-3)}" in result.stderr  # forward
-    assert f"lib.linnet:{entry_precondition(-2)}" in result.stderr  # pool
-    assert f"lib.linnet:{entry_precondition(-1)}" in result.stderr  # embed
+    for occurrence, entry in enumerate(("forward", "hidden_states", "pool", "embed", "mlm", "nsp")):
+        assert f"entry `{entry}` cannot run" in result.stderr
+        assert f"lib.linnet:{entry_precondition(occurrence)}" in result.stderr
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "3 errors" in result.stderr  # forward, pool and embed all declare it
+    assert "6 errors" in result.stderr  # every entry declares it
     assert result.stdout == ""
 
 
@@ -81,7 +88,7 @@ def test_heads_that_do_not_divide_d():
     assert result.returncode == 1
     assert_no_traceback(result)
     assert "D % Heads == 0" in result.stderr
-    assert f"lib.linnet:{position_of(BERT_SOURCE, 'D % Heads == 0', occurrence=2)}" in result.stderr
+    assert f"lib.linnet:{position_of(BERT_SOURCE, 'D % Heads == 0', after=BERT_ROOT)}" in result.stderr
     assert "D = 768, Heads = 10" in result.stderr
     # The manifest's own value is pointed at by line, not as "nest.toml:1:1".
     assert "nest.toml:1:1" not in result.stderr
@@ -102,7 +109,7 @@ def test_json_output_for_success():
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["diagnostics"] == []
-    assert report["param_count"] == 109_482_240 and report["param_tensors"] == 199
+    assert report["param_count"] == 110_106_428 and report["param_tensors"] == 206
     assert report["entries"]["forward"]["preconditions"] == ["S <= 512"]
     assert report["entries"]["pool"]["signature"] == POOL.removeprefix("entry ")
 
@@ -112,9 +119,9 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403", "E0403", "E0403"]
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 6  # one per entry
     span = report["diagnostics"][0]["span"]
-    line, col = map(int, entry_precondition(-3).split(":"))
+    line, col = map(int, entry_precondition(0).split(":"))
     assert span["file"].endswith("lib.linnet") and (span["line"], span["col"]) == (line, col)
     assert span["end_col"] - span["col"] == len("S <= MaxPositions")
     assert any(n["span"] and n["span"]["file"].endswith("nest.toml") for n in report["diagnostics"][0]["notes"])

@@ -194,7 +194,7 @@ def test_onnxruntime_config_declares_what_the_graph_takes(tmp_path, minilm_check
                         for name in ("tokens", "token_types", "attention_mask")}
     assert {o.name: o.data_type for o in config.output} == {
         "hidden": model_config_pb2.TYPE_FP32, "pooled": model_config_pb2.TYPE_FP32,
-        "embedding": model_config_pb2.TYPE_FP32}
+        "embedding": model_config_pb2.TYPE_FP32, "hidden_states": model_config_pb2.TYPE_FP32}
 
 
 TRITON_BAD = {

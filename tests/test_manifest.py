@@ -83,7 +83,7 @@ def test_bert_base_manifest_loads():
     assert m.dir == zoo_dir() / "bert-base-uncased"
     assert (m.name, m.family, m.license) == ("bert-base-uncased", "bert", "Apache-2.0")
     assert m.source.path == m.dir / "src" / "lib.linnet" and m.source.zoo is None
-    assert (m.source.root, m.source.entry) == ("Model", "forward")
+    assert (m.source.root, m.source.entry) == ("PreTraining", "forward")
     assert m.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768,
                           "Heads": 12, "Inner": 3072, "Layers": 12, "T": "f32"}
     assert m.check == {"B": 1, "S": 8}

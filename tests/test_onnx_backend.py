@@ -104,8 +104,9 @@ def test_inputs_outputs_and_dims(minilm_graph):
         assert t.elem_type == onnx.TensorProto.INT32
         assert [d.dim_param for d in t.shape.dim] == ["B", "S"]
     outs = {v.name: v.type.tensor_type for v in graph.output}
-    assert list(outs) == ["hidden", "pooled", "embedding"]
+    assert list(outs) == ["hidden", "hidden_states", "pooled", "embedding"]
     assert [d.dim_param or d.dim_value for d in outs["hidden"].shape.dim] == ["B", "S", 384]
+    assert [d.dim_param or d.dim_value for d in outs["hidden_states"].shape.dim] == ["B", 7, "S", 384]
     assert [d.dim_param or d.dim_value for d in outs["pooled"].shape.dim] == ["B", 384]
     assert all(t.elem_type == onnx.TensorProto.FLOAT for t in outs.values())
 
@@ -120,7 +121,7 @@ def test_metadata_records_preconditions_and_source(minilm_graph):
     props = {p.key: p.value for p in minilm_graph.metadata_props}
     assert props["linnet.preconditions"] == "S <= 512"
     assert "lib.linnet:" in props["linnet.preconditions.where"]
-    assert props["linnet.outputs"] == "forward=hidden, pool=pooled, embed=embedding"
+    assert props["linnet.outputs"] == "forward=hidden, hidden_states=hidden_states, pool=pooled, embed=embedding"
     assert "D=384" in props["linnet.generics"] and "Layers=6" in props["linnet.generics"]
     assert props["linnet.version"]
     assert minilm_graph.opset_import[0].version >= 17
@@ -129,7 +130,7 @@ def test_metadata_records_preconditions_and_source(minilm_graph):
 def test_nodes_point_back_to_the_source(minilm_graph):
     nodes = minilm_graph.graph.node
     assert all(n.name and n.doc_string for n in nodes)
-    query = [n for n in nodes if n.name.startswith("layers.2.attention.query.forward/MatMul")]
+    query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward/MatMul")]
     assert len(query) == 1 and "std/nn/linear.linnet:" in query[0].doc_string
     assert any("lib.linnet:" in n.doc_string for n in nodes)
 
@@ -154,8 +155,8 @@ def test_graph_io_for_triton(minilm_checkpoint):
     inputs, outputs = graph_io(ctx)
     assert inputs == [("tokens", "INT32", ["B", "S"]), ("token_types", "INT32", ["B", "S"]),
                       ("attention_mask", "INT32", ["B", "S"])]
-    assert outputs == [("hidden", "FLOAT", ["B", "S", 384]), ("pooled", "FLOAT", ["B", 384]),
-                       ("embedding", "FLOAT", ["B", 384])]
+    assert outputs == [("hidden", "FLOAT", ["B", "S", 384]), ("hidden_states", "FLOAT", ["B", 7, "S", 384]),
+                       ("pooled", "FLOAT", ["B", 384]), ("embedding", "FLOAT", ["B", 384])]
 
 
 def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
@@ -166,13 +167,14 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
 
     program = copy.copy(minilm_onnx.program)
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
-        ("model.onnx", ["forward", "pool", "embed"])]
+        ("model.onnx", ["forward", "hidden_states", "pool", "embed"])]
     pool = program.entries["pool"]
     renamed = ir.Entry(pool.name, pool.function, pool.dims, [("ids", pool.inputs[0][1]), *pool.inputs[1:]],
                        pool.result, pool.preconditions, pool.dim_sources)
     program.entries = {**program.entries, "pool": renamed}
     assert [(f.file, f.entries) for f in layout(program, "pool")] == [
-        ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"]), ("model.embed.onnx", ["embed"])]
+        ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"]),
+        ("model.hidden_states.onnx", ["hidden_states"]), ("model.embed.onnx", ["embed"])]
 
 
 # ------------------------------------------------------------------------ f16 / bf16
@@ -209,7 +211,7 @@ def test_f16_layer_norm_and_softmax_run_in_f32(minilm_onnx):
             source = produced[node.input[0]]
             assert source.op_type == "Cast" and source.attribute[0].i == onnx.TensorProto.FLOAT, node.name
     weights = {t.name: t.data_type for t in graph.graph.initializer}
-    assert weights["layers.0.up.weight^T"] == onnx.TensorProto.FLOAT16
+    assert weights["encoder.layers.0.up.weight^T"] == onnx.TensorProto.FLOAT16
 
 
 def test_bf16_on_cpu_runs_f32_arithmetic_between_bf16_tensors(minilm_onnx):
@@ -313,3 +315,23 @@ def test_device_errors(minilm_checkpoint):
 def test_bad_inputs_are_caught_before_onnx_runtime(minilm_onnx):
     err = _error(lambda: minilm_onnx(np.zeros((1, 600), np.int64), np.zeros((1, 600), np.int64)))
     assert "S <= 512" in str(err)
+
+
+def test_another_checkpoint_gets_its_own_export(minilm_onnx, minilm_checkpoint, tmp_path):
+    """The exported graph holds the weights: loading the same entry with another `weights=`
+    file must run that file's weights, not the cached graph of the first one."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(minilm_checkpoint / "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("pooler.dense.bias"))
+    tensors[key] = tensors[key] + 1.0
+    changed = tmp_path / "model.safetensors"
+    save_file(tensors, str(changed))
+    other = nest.load("all-minilm-l6-v2", backend="onnx", weights=changed)
+    tokens, token_types = random_inputs(1, 6, seed=11)
+    hidden_diff = np.abs(other(tokens, token_types) - minilm_onnx(tokens, token_types)).max()
+    pooled_original = minilm_onnx.pool(tokens, token_types)
+    expected = np.tanh(np.arctanh(np.clip(pooled_original, -0.999999, 0.999999)) + 1.0)
+    assert hidden_diff == 0  # the pooler bias does not reach the hidden state
+    assert np.abs(other.pool(tokens, token_types) - expected).max() < 1e-3
+    assert other.runtime.folder != minilm_onnx.runtime.folder

@@ -32,9 +32,9 @@ def test_qkv_fused_and_power_of_two_scale_folded(bert_program):
     assert [s.name for s in attention.subs] == ["query_key_value", "out"]
     fused = out.program.blocks[attention.subs[0].block]
     assert fused.source == "std.nn.linear::Linear" and dict(fused.params)["weight"].dims[0].as_int() == 2304
-    assert out.plan["layers.0.attention.query_key_value.weight"] == ParamTransform(
-        "layers.0.attention.query_key_value.weight",
-        ("layers.0.attention.query.weight", "layers.0.attention.key.weight", "layers.0.attention.value.weight"),
+    assert out.plan["bert.encoder.layers.0.attention.query_key_value.weight"] == ParamTransform(
+        "bert.encoder.layers.0.attention.query_key_value.weight",
+        tuple(f"bert.encoder.layers.0.attention.{p}.weight" for p in ("query", "key", "value")),
         0, ((0, 768, 0.125),))
     assert len(out.plan) == 2 * 12
     # 1 / sqrt(64) = 0.125 is a power of two, so the call now passes scale 1.
@@ -50,13 +50,13 @@ def test_scale_that_is_not_a_power_of_two_is_kept_unless_inexact_allowed(minilm_
     assert all(not t.row_scales for t in exact.plan.values())
     assert any("fused query, key, value" in line for line in exact.applied)
     loose = optimize(minilm_program, exact=False)
-    assert loose.plan["layers.0.attention.query_key_value.bias"].row_scales[0][:2] == (0, 384)
+    assert loose.plan["encoder.layers.0.attention.query_key_value.bias"].row_scales[0][:2] == (0, 384)
 
 
 def test_passes_can_be_chosen(bert_program):
     only_scale = optimize(bert_program, passes=("fold_attention_scale",))
     assert {s.name for s in only_scale.program.blocks["Attention"].subs} == {"query", "key", "value", "out"}
-    assert only_scale.plan["layers.3.attention.query.weight"].row_scales == ((0, 768, 0.125),)
+    assert only_scale.plan["bert.encoder.layers.3.attention.query.weight"].row_scales == ((0, 768, 0.125),)
     assert not optimize(bert_program, passes=()).plan
 
 
@@ -71,12 +71,14 @@ def test_bind_params_applies_the_plan_once(bert_program):
     params = _random_params(bert_program)
     bound = bind_params(out, params)
     assert set(bound) == {p for p, _ in out.program.param_paths()}
-    w = bound["layers.2.attention.query_key_value.weight"]
-    np.testing.assert_array_equal(w[:768], params["layers.2.attention.query.weight"] * np.float32(0.125))
-    np.testing.assert_array_equal(w[768:1536], params["layers.2.attention.key.weight"])
-    np.testing.assert_array_equal(w[1536:], params["layers.2.attention.value.weight"])
-    assert bound["layers.2.up.weight"] is params["layers.2.up.weight"]  # untouched params are not copied
-    assert params["layers.2.attention.query.weight"].max() > 0  # the originals are not modified in place
+    w = bound["bert.encoder.layers.2.attention.query_key_value.weight"]
+    np.testing.assert_array_equal(w[:768],
+                                  params["bert.encoder.layers.2.attention.query.weight"] * np.float32(0.125))
+    np.testing.assert_array_equal(w[768:1536], params["bert.encoder.layers.2.attention.key.weight"])
+    np.testing.assert_array_equal(w[1536:], params["bert.encoder.layers.2.attention.value.weight"])
+    # Untouched params are not copied.
+    assert bound["bert.encoder.layers.2.up.weight"] is params["bert.encoder.layers.2.up.weight"]
+    assert params["bert.encoder.layers.2.attention.query.weight"].max() > 0  # the originals are not modified in place
 
 
 def _torch_model(program: ir.Program, params: dict):

@@ -46,22 +46,24 @@ def tiny_entry(tmp_path: Path, outputs: str) -> Path:
 
 
 def test_zoo_entries_name_their_outputs():
-    for name in ("bert-base-uncased", "all-minilm-l6-v2"):
+    encoder = {"forward": "hidden", "pool": "pooled", "embed": "embedding", "hidden_states": "hidden_states"}
+    heads = {"mlm": "mlm_logits", "nsp": "nsp_logits"}  # bert-base-uncased keeps its pre-training heads
+    for name, outputs in (("bert-base-uncased", {**encoder, **heads}), ("all-minilm-l6-v2", encoder)):
         manifest = load_manifest(name)
-        assert manifest.outputs == {"forward": "hidden", "pool": "pooled", "embed": "embedding"}
+        assert manifest.outputs == outputs
         assert manifest.output_name("forward") == "hidden"
 
 
 def test_an_entry_not_listed_keeps_its_own_name(tmp_path):
     ctx, _ = prepare(tiny_entry(tmp_path, 'forward = "hidden"'), need_weights=False)
-    assert [ctx.output_name(e) for e in ctx.program.entries] == ["hidden", "pool", "embed"]
+    assert [ctx.output_name(e) for e in ctx.program.entries] == ["hidden", "hidden_states", "pool", "embed"]
 
 
 def test_outputs_must_name_real_entries(tmp_path):
     with pytest.raises(LinnetError) as info:
         prepare(tiny_entry(tmp_path, 'forward = "hidden"\nclassify = "logits"'), need_weights=False)
     (diagnostic,) = info.value.diagnostics
-    assert diagnostic.code == "E0913" and "classify" in diagnostic.message and "forward, pool, embed" in diagnostic.message
+    assert diagnostic.code == "E0913" and "classify" in diagnostic.message and "forward, hidden_states, pool, embed" in diagnostic.message
 
 
 def test_two_entries_may_not_share_an_output_name(tmp_path):

@@ -52,15 +52,22 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     assert [".".join(u.path) for u in module.uses] == [
         "std.nn.activations", "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.norm"]
     blocks = {i.name: i for i in module.items if isinstance(i, ast.Block)}
-    assert list(blocks) == ["LayerNorm", "Embeddings", "Attention", "EncoderLayer", "Pooler", "Model"]
+    assert list(blocks) == ["LayerNorm", "Embeddings", "Attention", "EncoderLayer", "Pooler", "Encoder", "Model",
+                            "MaskedLmHead", "PreTraining", "MaskedLm", "SequenceClassification",
+                            "TokenClassification", "QuestionAnswering", "MultipleChoice"]
     assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["split_heads"]
     model = blocks["Model"]
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
                                                 "Layers", "T"]
     assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
+                                                                         ("hidden_states", True, True),
                                                                          ("pool", True, True),
-                                                                         ("embed", True, True)]
+                                                                         ("embed", True, True),
+                                                                         ("word_table", False, True)]
     assert len(model.where) == 2
+    pretraining = blocks["PreTraining"]
+    assert [(f.name, f.is_entry) for f in pretraining.functions] == [
+        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("mlm", True), ("nsp", True)]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")

@@ -9,7 +9,7 @@ from linnet.cli import main
 def test_quickstart_checks_the_zoo_and_ranks_similar_sentences_higher(capsys):
     assert main(["quickstart"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"ok\s+bert-base-uncased\s+109,482,240 params", out)
+    assert re.search(r"ok\s+bert-base-uncased\s+110,106,428 params", out)
     assert re.search(r"ok\s+all-minilm-l6-v2\s+22,713,216 params", out)
     rows = [[float(x) for x in re.findall(r"-?\d\.\d\d", line.split("]", 1)[1])[:4]]
             for line in out.splitlines() if re.match(r"\s+\[\d\]", line)]

@@ -111,7 +111,7 @@ def test_one_export_serves_every_shape(minilm_hlo, exports, minilm_checkpoint):
 def test_artifact_holds_no_weights(bert_hlo):
     folder = bert_hlo.info.generated
     blobs = {p.name: p.stat().st_size for p in folder.glob("*.jax_export")}
-    assert set(blobs) == {"forward.jax_export", "pool.jax_export", "embed.jax_export"}
+    assert set(blobs) == {f"{e}.jax_export" for e in ("forward", "hidden_states", "pool", "embed", "mlm", "nsp")}
     assert max(blobs.values()) < 2_000_000  # the checkpoint is 440 MB
     mlir = (folder / "forward.mlir").read_text()
     assert "func.func public @main" in mlir and "tensor<?x?xi32>" in mlir  # symbolic B and S
@@ -133,9 +133,9 @@ def test_signature_describes_the_call(bert_hlo):
     exported = bert_hlo.runtime.exported["pool"]
     assert [tuple(a.shape) for a in exported.in_avals[:len(leaves)]] == [tuple(leaf.shape) for leaf in leaves]
     by_path = {p["path"]: p for p in signature["params"]}
-    assert by_path["layers.11.up.weight"]["shape"] == [3072, 768]
-    assert by_path["embeddings.norm.weight"]["checkpoint_key"] == "bert.embeddings.LayerNorm.gamma"
-    assert len(signature["params"]) == 199
+    assert by_path["bert.encoder.layers.11.up.weight"]["shape"] == [3072, 768]
+    assert by_path["bert.encoder.embeddings.norm.weight"]["checkpoint_key"] == "bert.embeddings.LayerNorm.gamma"
+    assert len(signature["params"]) == 206
 
 
 # --------------------------------------------------------------------- preconditions

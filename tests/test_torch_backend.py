@@ -46,7 +46,10 @@ def test_bert_base_matches_transformers(bert_torch, transformers_bert_base, batc
     print(f"bert-base B={batch} S={seq}: hidden {hidden_diff:.3g} pooled {pooled_diff:.3g}")
     assert hidden.shape == (batch, seq, 768) and pooled.shape == (batch, 768)
     assert hidden_diff <= 1e-5
-    assert pooled_diff <= 1e-6
+    # Bit-identical (0) at every shape but 1x1, where MKL's matrix-vector kernel rounds the
+    # fused Q/K/V matmul differently from transformers' three separate ones: 1.4e-6 pooled,
+    # as far as transformers' own f32 pooled output is from float64 there (1.44e-6).
+    assert pooled_diff <= 2e-6
 
 
 @pytest.mark.parametrize("batch,seq", MINILM_SHAPES)
@@ -81,7 +84,7 @@ def test_minilm_mean_pooled_matches_sentence_transformers(minilm_torch, minilm_c
 
 
 def test_entries_and_signature(minilm_torch):
-    assert minilm_torch.entries == ("forward", "pool", "embed")
+    assert minilm_torch.entries == ("forward", "hidden_states", "pool", "embed")
     assert "S <= 512" in minilm_torch.signature("pool")
     assert minilm_torch.info.report.unused_keys == ["embeddings.position_ids"]
 

@@ -80,8 +80,12 @@ def test_config_parses_with_tritons_schema(name, dtype, width, runtime):
     float_type = PB_TYPES[dtype or "f32"]
     assert inputs == [("tokens", model_config_pb2.TYPE_INT32, [-1]), ("token_types", model_config_pb2.TYPE_INT32, [-1]),
                       ("attention_mask", model_config_pb2.TYPE_INT32, [-1])]
-    assert outputs == [("hidden", float_type, [-1, width]), ("pooled", float_type, [width]),
-                       ("embedding", float_type, [width])]
+    # bert-base-uncased also serves its pre-training heads: per-token vocabulary scores and
+    # the two next-sentence scores.
+    heads = [("mlm_logits", float_type, [-1, 30522]), ("nsp_logits", float_type, [2])] if name == BERT else []
+    layers = 13 if name == BERT else 7  # hidden_states: the embeddings' output and each layer's
+    assert outputs == [("hidden", float_type, [-1, width]), ("hidden_states", float_type, [layers, -1, width]),
+                       ("pooled", float_type, [width]), ("embedding", float_type, [width]), *heads]
     # Inputs with a Linnet default may be left out where model.py can fill them (python
     # runtime); ONNX Runtime needs every graph input.
     optional = {i.name: i.optional for i in config.input}
@@ -93,14 +97,14 @@ def test_config_without_batching_keeps_the_batch_dim():
     config = parse_config(config_text(triton_io(ctx), max_batch_size=0))
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
     assert [list(i.dims) for i in config.input] == [[-1, -1]] * 3
-    assert [(o.name, list(o.dims)) for o in config.output] == [("hidden", [-1, -1, 384]), ("pooled", [-1, 384]),
-                                                               ("embedding", [-1, 384])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [
+        ("hidden", [-1, -1, 384]), ("hidden_states", [-1, 7, -1, 384]), ("pooled", [-1, 384]), ("embedding", [-1, 384])]
 
 
 def test_bf16_config_and_python_runtime_refusal():
     ctx, inputs, outputs = expected_io(MINILM, "bf16", batched=True)
     config = parse_config(config_text(triton_io(ctx), runtime="onnxruntime"))
-    assert [o.data_type for o in config.output] == [model_config_pb2.TYPE_BF16] * 3
+    assert [o.data_type for o in config.output] == [model_config_pb2.TYPE_BF16] * 4
     # numpy has no bfloat16, so the Python backend could not hand the outputs over.
     with pytest.raises(LinnetError) as info:
         config_text(triton_io(ctx), runtime="python")

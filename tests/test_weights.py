@@ -189,8 +189,8 @@ def test_a_key_in_two_files_is_an_error(tmp_path):
 
 
 def test_zoo_bindings_cover_exactly_the_model_params():
-    for path, dims in ((BERT_BINDINGS, BERT_BASE), (MINILM_BINDINGS, MINILM)):
-        assert list(load_bindings(path)) == [p.name for p in bert_param_specs(dims)]
+    for path, dims, root in ((BERT_BINDINGS, BERT_BASE, "PreTraining"), (MINILM_BINDINGS, MINILM, "Model")):
+        assert list(load_bindings(path)) == [p.name for p in bert_param_specs(dims, root)]
 
 
 @pytest.mark.parametrize("text, message, line", [
@@ -220,14 +220,26 @@ def test_missing_bindings_file(tmp_path):
 # --------------------------------------------------------------------------- verify_bindings
 
 
-def test_bert_base_bindings_verify_and_report_the_unused_heads(bert_index, caplog):
+def test_bert_base_bindings_verify_and_bind_the_pretraining_heads(bert_index, caplog):
     caplog.set_level(logging.INFO, logger="linnet.nest")
-    params = bert_param_specs(BERT_BASE)
+    params = bert_param_specs(BERT_BASE, "PreTraining")
     report = verify_bindings(params, load_bindings(BERT_BINDINGS), bert_index)
-    assert report.unused_keys == CLS_KEYS
+    assert report.unused_keys == []
     assert list(report.bound) == [p.name for p in params]
-    assert report.bound["embeddings.norm.weight"].key == "bert.embeddings.LayerNorm.gamma"
+    assert report.bound["bert.encoder.embeddings.norm.weight"].key == "bert.embeddings.LayerNorm.gamma"
+    assert sorted(b.key for b in report.bound.values() if b.key.startswith("cls.")) == CLS_KEYS
+    assert report.bound["mlm.bias"].key == "cls.predictions.bias"
     assert report.casts == []
+    assert not [r for r in caplog.records if r.name == "linnet.nest"]  # nothing unused to report
+
+
+def test_unused_checkpoint_keys_are_reported_in_one_line(bert_index, caplog):
+    # The bare encoder-with-pooler params over the pre-training checkpoint leave its heads over.
+    caplog.set_level(logging.INFO, logger="linnet.nest")
+    bindings = {name: key for name, key in load_bindings(BERT_BINDINGS).items() if name.startswith("bert.")}
+    params = [ParamSpec(f"bert.{p.name}", p.shape, p.dtype) for p in bert_param_specs(BERT_BASE)]
+    report = verify_bindings(params, bindings, bert_index)
+    assert report.unused_keys == CLS_KEYS
     [record] = [r for r in caplog.records if r.name == "linnet.nest"]
     assert record.levelno == logging.INFO and "\n" not in record.getMessage()
     assert record.getMessage().startswith("bindings.json: 7 checkpoint keys unused: cls.")
@@ -242,51 +254,52 @@ def test_minilm_bindings_verify_against_the_real_file(minilm_index):
 def test_swapped_bindings_name_param_key_and_both_shapes(bert_index):
     bindings = load_bindings(BERT_BINDINGS)
     for suffix in ("weight", "bias"):
-        up, down = f"layers.0.up.{suffix}", f"layers.0.down.{suffix}"
+        up, down = f"bert.encoder.layers.0.up.{suffix}", f"bert.encoder.layers.0.down.{suffix}"
         bindings[up], bindings[down] = bindings[down], bindings[up]
-    err = raises("E1009", verify_bindings, bert_param_specs(BERT_BASE), bindings, bert_index)
+    err = raises("E1009", verify_bindings, bert_param_specs(BERT_BASE, "PreTraining"), bindings, bert_index)
     assert [d.message for d in err.diagnostics] == [
-        "param layers.0.up.weight: Tensor[3072, 768; f32] but checkpoint key "
+        "param bert.encoder.layers.0.up.weight: Tensor[3072, 768; f32] but checkpoint key "
         "bert.encoder.layer.0.output.dense.weight is [768, 3072] F32",
-        "param layers.0.up.bias: Tensor[3072; f32] but checkpoint key "
+        "param bert.encoder.layers.0.up.bias: Tensor[3072; f32] but checkpoint key "
         "bert.encoder.layer.0.output.dense.bias is [768] F32",
-        "param layers.0.down.weight: Tensor[768, 3072; f32] but checkpoint key "
+        "param bert.encoder.layers.0.down.weight: Tensor[768, 3072; f32] but checkpoint key "
         "bert.encoder.layer.0.intermediate.dense.weight is [3072, 768] F32",
-        "param layers.0.down.bias: Tensor[768; f32] but checkpoint key "
+        "param bert.encoder.layers.0.down.bias: Tensor[768; f32] but checkpoint key "
         "bert.encoder.layer.0.intermediate.dense.bias is [3072] F32",
     ]
 
 
 def test_every_binding_problem_is_reported_in_one_error(bert_index):
     bindings = load_bindings(BERT_BINDINGS)
-    del bindings["pooler.dense.bias"]
-    bindings["embeddings.norm.weight"] = "bert.embeddings.LayerNorm.weight"
-    bindings["layers.12.up.weight"] = "bert.encoder.layer.11.intermediate.dense.weight"
-    err = raises("E1008", verify_bindings, bert_param_specs(BERT_BASE), bindings, bert_index)
+    del bindings["bert.pooler.dense.bias"]
+    # (`LayerNorm.weight` would be found: it is the other spelling of the checkpoint's `gamma`.)
+    bindings["bert.encoder.embeddings.norm.weight"] = "bert.embeddings.layer_norm.gamma"
+    bindings["bert.encoder.layers.12.up.weight"] = "bert.encoder.layer.11.intermediate.dense.weight"
+    err = raises("E1008", verify_bindings, bert_param_specs(BERT_BASE, "PreTraining"), bindings, bert_index)
     missing_key, no_binding, unknown_param = err.diagnostics
-    assert missing_key.message == ("param embeddings.norm.weight: bindings.json binds it to checkpoint "
-                                   "key bert.embeddings.LayerNorm.weight, which the checkpoint does "
+    assert missing_key.message == ("param bert.encoder.embeddings.norm.weight: bindings.json binds it to checkpoint "
+                                   "key bert.embeddings.layer_norm.gamma, which the checkpoint does "
                                    "not have")
     assert "bert.embeddings.LayerNorm.gamma" in missing_key.notes[0].message
     assert (no_binding.code, no_binding.message) == (
-        "E1006", "param pooler.dense.bias: Tensor[768; f32] has no binding in bindings.json")
+        "E1006", "param bert.pooler.dense.bias: Tensor[768; f32] has no binding in bindings.json")
     assert unknown_param.code == "E1007"
-    assert unknown_param.message == ("bindings.json binds layers.12.up.weight (to "
+    assert unknown_param.message == ("bindings.json binds bert.encoder.layers.12.up.weight (to "
                                      "bert.encoder.layer.11.intermediate.dense.weight), but the "
-                                     "model has no param layers.12.up.weight")
-    assert re.fullmatch(r"did you mean layers\.\d+\.up\.weight\?", unknown_param.notes[0].message)
+                                     "model has no param bert.encoder.layers.12.up.weight")
+    assert re.fullmatch(r"did you mean bert\.encoder\.layers\.\d+\.up\.weight\?", unknown_param.notes[0].message)
 
 
 def test_diagnostics_point_at_the_bindings_line_when_given_its_path(tmp_path, bert_index):
     path = tmp_path / "bindings.json"
     bindings = load_bindings(BERT_BINDINGS)
-    bindings["layers.0.up.weight"] = "bert.encoder.layer.0.output.dense.weight"
+    bindings["bert.encoder.layers.0.up.weight"] = "bert.encoder.layer.0.output.dense.weight"
     path.write_text(json.dumps(bindings, indent=2))
-    err = raises("E1009", verify_bindings, bert_param_specs(BERT_BASE), bindings, bert_index,
+    err = raises("E1009", verify_bindings, bert_param_specs(BERT_BASE, "PreTraining"), bindings, bert_index,
                  bindings_file=str(path))
     span = err.diagnostics[0].span
     assert span.file == str(path)
-    assert path.read_text().splitlines()[span.line - 1].strip().startswith('"layers.0.up.weight":')
+    assert path.read_text().splitlines()[span.line - 1].strip().startswith('"bert.encoder.layers.0.up.weight":')
 
 
 def test_integers_and_floats_never_convert():
@@ -451,7 +464,7 @@ def test_entry_without_weights_needs_the_argument(tmp_path):
 
 
 def test_loaded_tensors_equal_safetensors_own_read(bert_base_checkpoint, bert_index):
-    params = bert_param_specs(BERT_BASE)
+    params = bert_param_specs(BERT_BASE, "PreTraining")
     bindings = load_bindings(BERT_BINDINGS)
     arrays = load_tensors(params, bindings, bert_index)
     assert list(arrays) == [p.name for p in params]
@@ -527,7 +540,8 @@ def test_load_tensors_arguments(small_checkpoint):
 
 
 def _transformers_name(checkpoint_key: str) -> str:
-    # What transformers' BertModel calls a checkpoint tensor once it has loaded it.
+    # What transformers' BertModel calls a checkpoint tensor once it has loaded it (the
+    # `cls.*` heads are not BertModel's; tests/test_heads.py compares them).
     name = checkpoint_key.removeprefix("bert.")
     return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
@@ -542,10 +556,10 @@ def test_transformers_reads_the_same_values_from_the_cache(request, checkpoint, 
     cached = request.getfixturevalue(checkpoint)
     file = getattr(cached, "file", None) or cached / "model.safetensors"
     state = request.getfixturevalue(model).state_dict()
-    bindings = load_bindings(bindings_file)
-    assert {_transformers_name(key) for key in bindings.values()} == set(state)
+    keys = [key for key in load_bindings(bindings_file).values() if not key.startswith("cls.")]
+    assert {_transformers_name(key) for key in keys} == set(state)
     with safe_open(str(file), framework="pt") as f:
-        for key in bindings.values():
+        for key in keys:
             assert torch.equal(state[_transformers_name(key)], f.get_tensor(key)), key
 
 

@@ -95,6 +95,9 @@ class LoadContext:
     #: The optimisation stage's result (`linnet.optimize.Optimized`) when `program` is the
     #: optimised program; `tensors()` then returns its params, built by the bind-time plan.
     optimized: Any = None
+    #: A digest naming the checkpoint files (path, size, mtime) and the bindings the tensors
+    #: come from; a backend whose cached artifact holds the weights (ONNX) keys it by this.
+    weights_identity: str | None = None
     _sources: dict[str, str] | None = field(default=None, repr=False)
 
     def tensors(self, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:

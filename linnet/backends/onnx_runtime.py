@@ -224,7 +224,9 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntim
     # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
     # graph, export the variant that computes each node in f32 between bf16 tensors.
     bf16_compute = "f32" if dtype == "bf16" and _provider_name(chosen[0]) == "CPUExecutionProvider" else "native"
-    options = {"dtype": dtype, "bf16_compute": bf16_compute}
+    # The exported file holds the weights, so it is cached per checkpoint (and bindings):
+    # another `weights=` file must never reuse a graph built from the first one.
+    options = {"dtype": dtype, "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
 
     def write(folder: Path) -> None:
         _export(ctx, folder, bf16_compute)

@@ -4,6 +4,7 @@
     model = nest.load("bert-base-uncased", backend="torch")
     hidden = model(tokens, token_types)        # the manifest's root entry, `forward`
     pooled = model.pool(tokens, token_types)   # any other entry by name
+    hidden = model(**model.tokenizer(["a text", "another"]))  # `[tokenizer]`, built on first use
 
 Loading is: manifest -> compile (check, instantiate, lower, emit; cached on disk) ->
 checkpoint files through huggingface_hub -> header-only binding verification -> tensors.
@@ -26,9 +27,10 @@ from ..diagnostics import Diagnostic, LinnetError
 from ..lower import lower
 from ..runtime import InputValidator
 from .manifest import Manifest, known_entries, load_manifest
+from .tokenizer import Tokenizer, load_tokenizer
 from .weights import BindingReport, checkpoint_files, load_bindings, load_tensors, read_index, verify_bindings
 
-__all__ = ["load", "list_entries", "Model", "cache_dir"]
+__all__ = ["load", "list", "list_entries", "load_tokenizer", "Model", "Tokenizer", "cache_dir"]
 
 log = logging.getLogger("linnet.nest")
 
@@ -37,6 +39,17 @@ BACKENDS = available()
 
 def list_entries() -> list[Manifest]:
     return [load_manifest(name) for name in known_entries()]
+
+
+def __getattr__(name: str):
+    # `nest.list()`: the zoo listing (`linnet.nest.zoo.list_zoo`: name, title, parameter count,
+    # size, license, tags, pinned weights, whether they are cached).  Served from here so the
+    # module's own `list` stays the builtin.
+    if name == "list":
+        from .zoo import list_zoo
+
+        return list_zoo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -58,6 +71,21 @@ class Model:
         self.backend = runtime.backend
         self.entries = tuple(program.entries)
         self._validators = {name: InputValidator(program, e) for name, e in program.entries.items()}
+        self._tokenizer: Tokenizer | None = None
+        #: What each logit means, by index, for a classifier loaded as `hf:` (config.json's
+        #: `id2label`); None otherwise.
+        self.labels: tuple[str, ...] | None = getattr(manifest, "labels", None)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The entry's tokenizer (`[tokenizer]` in nest.toml), built on first use, so loading
+        a model never needs its tokenizer files; `model(**model.tokenizer(text))` runs it."""
+        if self.__dict__.get("_tokenizer") is None:
+            from .tokenizer import for_entry
+
+            beside = self.info.files[0].parent if self.info.files else None
+            self._tokenizer = for_entry(self.manifest, beside)
+        return self._tokenizer
 
     def run(self, entry: str, *args, **kwargs):
         if entry not in self._validators:
@@ -131,7 +159,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     checkpoint and applies the optimisation's param plan once.
     """
     started = time.perf_counter()
-    manifest = name_or_path if isinstance(name_or_path, Manifest) else load_manifest(name_or_path)
+    manifest, revision = _manifest(name_or_path, revision, weights)
     if manifest.weights is None and need_weights:
         raise LinnetError(Diagnostic("E0805", f"{manifest.name} declares no [weights] in nest.toml, so there is "
                                      "no bindings.json to bind a checkpoint with"))
@@ -148,6 +176,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
         index = read_index(files)
         info.files = files
         bindings, info.report = _verified_bindings(manifest, params, files, index, key, cast_floats=dtype is not None)
+        ctx.weights_identity = _files_key(files, sorted(bindings.items()))
         ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,
                                                                  dtype=cast)
     if optimized is not None and optimized.applied:
@@ -156,6 +185,19 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
             ctx.tensor_loader = _bound_loader(manifest, optimized, ctx.tensor_loader, info.files, key)
     info.seconds = time.perf_counter() - started
     return ctx, info
+
+
+def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
+              weights: str | Path | None) -> tuple[Manifest, str | None]:
+    """The entry's manifest, and the revision still to fetch its checkpoint at: an `hf:` name
+    is built from its repo at `revision`, which pins the checkpoint's commit, so none is left."""
+    if isinstance(name_or_path, Manifest):
+        return name_or_path, revision
+    if isinstance(name_or_path, str) and name_or_path.startswith("hf:"):
+        from .hf import hf_manifest
+
+        return hf_manifest(name_or_path, revision=revision, weights=weights), None
+    return load_manifest(name_or_path), revision
 
 
 def _compile(manifest: Manifest, dtype: str | None, overrides: dict | None, optimize: tuple[str, ...],
@@ -244,7 +286,7 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
                 made = bind_params(optimized, {k: _to_numpy(v) for k, v in tensors.items()}, only_plan=True)
                 tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
                 path.parent.mkdir(parents=True, exist_ok=True)
-                save_file({k: np.ascontiguousarray(v) for k, v in made.items()}, str(tmp))
+                _save_aligned({k: np.ascontiguousarray(v) for k, v in made.items()}, tmp)
                 os.replace(tmp, path)
             from safetensors import safe_open
 
@@ -258,6 +300,29 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
         return {path: made[path] if path in made else tensors[path] for path, _ in optimized.program.param_paths()}
 
     return load
+
+
+#: Where the bound-params file's tensor data starts, in bytes.  Memory-mapped tensors keep
+#: the file's alignment and MKL's matrix-vector kernel rounds differently by alignment (seen
+#: at B = S = 1), so without this the last bits of a result would depend on how long the
+#: param names in the header are.  64 is where a fresh allocation would put the data.
+DATA_ALIGNMENT = 64
+
+
+def _save_aligned(tensors: dict, path: Path) -> None:
+    """safetensors.save_file, with the header padded so the data starts at DATA_ALIGNMENT.
+
+    safetensors pads its JSON header with spaces to a multiple of 8, so lengthening a
+    metadata string by a multiple of 8 lengthens the header by exactly that much.
+    """
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata={"pad": ""})
+    with open(path, "rb") as f:
+        start = 8 + int.from_bytes(f.read(8), "little")
+    missing = -start % DATA_ALIGNMENT
+    if missing:
+        save_file(tensors, str(path), metadata={"pad": " " * missing})
 
 
 def _to_numpy(value):
@@ -290,7 +355,11 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
         for module in sorted(compiler.glob("*.py")) + sorted(compiler.glob("*.lark")):
             stat = module.stat()
             digest.update(f"{module.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
-        files = [manifest.dir / "nest.toml"]
+        # What the manifest gives compiling, also for one made in memory (`hf:`) without a nest.toml.
+        digest.update(repr((manifest.name, manifest.source, sorted(manifest.generics.items()),
+                            sorted(manifest.check.items()))).encode())
+        nest_toml = manifest.dir / "nest.toml"
+        files = [nest_toml] if nest_toml.is_file() else []
         source = manifest.source_manifest()
         for folder in (source.dir, std_dir()):
             files += sorted(folder.rglob("*.linnet")) + sorted(folder.glob("*.toml"))
@@ -306,6 +375,9 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
          providers: list | None = None, optimize: bool = True) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
+    "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
+    checkpoint instead, at `revision` (default "main"); see docs/hf.md.
+
     backend: "torch", "jax", "stablehlo" or "onnx".  device: e.g. "cpu", "cuda".
     dtype: the model's float dtype ("f32" default; "bf16"/"f16" on GPU).  revision: another
     revision of the weights repo.  weights: a local .safetensors file or folder instead of
@@ -318,7 +390,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     started = time.perf_counter()
     module = integration(backend)
     options = check_options(backend, module, {"mode": mode, "providers": providers})
-    manifest = load_manifest(name_or_path)
+    manifest, revision = _manifest(name_or_path, revision, weights)
     # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
     # module; every pass when it does not say).
     passes = getattr(module, "OPTIMIZE", True) if optimize else False

@@ -12,6 +12,9 @@ found.
 `[source]` either names the package source inside the entry (`path`) or reuses another zoo
 entry's package (`zoo = "bert-base-uncased"`), so a checkpoint of the same architecture needs
 no copy of the code; `Manifest.source_dir()` resolves either form to the package folder.
+
+`[tokenizer]` (optional) names the tokenizer files in the `[weights]` repo: `vocab.txt`
+with `lowercase = true|false`, or `tokenizer.json`; `linnet.nest.tokenizer` builds it.
 """
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ CODES = {
 
 NEST_TOML = "nest.toml"
 LINNET_TOML = "linnet.toml"
+#: The two tokenizer files `[tokenizer].files` may name.
+VOCAB_TXT = "vocab.txt"
+TOKENIZER_JSON = "tokenizer.json"
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -85,6 +91,23 @@ class WeightsSpec:
 
 
 @dataclass(frozen=True)
+class TokenizerSpec:
+    """`[tokenizer]`: files fetched from `[weights].repo` at `[weights].revision`.
+
+    Either `("vocab.txt",)` with `lowercase` set (the BERT WordPiece pipeline is built from
+    the vocabulary), or `("tokenizer.json",)` with `lowercase` None (the file says it all).
+    """
+
+    files: tuple[str, ...]
+    lowercase: bool | None
+
+    @property
+    def kind(self) -> str:
+        """"vocab" or "json": which of the two forms this is."""
+        return "json" if PurePosixPath(self.files[0]).name == TOKENIZER_JSON else "vocab"
+
+
+@dataclass(frozen=True)
 class PackageSpec:
     """`linnet.toml`'s `[package]`."""
 
@@ -113,6 +136,8 @@ class Manifest:
     #: `[outputs]`: entry name -> the name its result has in exported graphs (ONNX, Triton);
     #: an entry not listed keeps its own name.
     outputs: dict[str, str] = field(default_factory=dict)
+    #: `[tokenizer]`, or None when the entry names no tokenizer files.
+    tokenizer: TokenizerSpec | None = None
 
     def output_name(self, entry: str) -> str:
         return self.outputs.get(entry, entry)
@@ -220,7 +245,8 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
 
 
 def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
-    root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights"))
+    root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights",
+                                    "tokenizer"))
     model = root.table("model", required=True)
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
     # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
@@ -235,10 +261,11 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
     generics = _read_generics(root.table("generics", required=False))
     check = root.table("check", required=False).map("an integer", _is_int)
     weights = _read_weights(entry_dir, root.table("weights", required=False))
+    tokenizer = _read_tokenizer(root.table("tokenizer", required=False), has_weights="weights" in nest.data)
     if nest.problems or source is None or package is None:
         return None
     return Manifest(dir=entry_dir, tags=tags, links=links, outputs=outputs, source=source, generics=generics,
-                    check=check, weights=weights, package=package, **fields)
+                    check=check, weights=weights, package=package, tokenizer=tokenizer, **fields)
 
 
 def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
@@ -312,6 +339,40 @@ def _check_pins(table: "_Table", pins: dict[str, Any], files: list[str] | None) 
                                              f"digits, found {_describe(digest)}")
 
 
+def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | None:
+    """`files = ["vocab.txt"]` with `lowercase`, or `files = ["tokenizer.json"]` alone."""
+    files = table.take("files", _STR_LIST)
+    lowercase = table.take("lowercase", _BOOL, required=False)
+    table.finish()
+    if not table.present:
+        return None
+    if not has_weights:
+        table.problem("E0904", None, "[tokenizer] files are fetched from [weights].repo at "
+                                     "[weights].revision, but nest.toml has no [weights] table")
+    if files is None:
+        return None
+    names = [PurePosixPath(name).name for name in files]
+    if len(files) != 1 or names[0] not in (VOCAB_TXT, TOKENIZER_JSON):
+        table.problem("E0912", "files", f"[tokenizer].files must be [\"{VOCAB_TXT}\"] (with `lowercase`) "
+                                        f"or [\"{TOKENIZER_JSON}\"], found {files}")
+        return None
+    if _escapes(files[0]):
+        table.problem("E0907", "files", f"[tokenizer].files entry {files[0]!r} must be a path inside "
+                                        f"the repository")
+        return None
+    if names[0] == VOCAB_TXT and "lowercase" not in table.data:
+        table.problem("E0904", None, f"[tokenizer] with {VOCAB_TXT} is missing required field `lowercase` "
+                                     f"(true for uncased models, false for cased ones)")
+        return None
+    if names[0] == TOKENIZER_JSON and "lowercase" in table.data:
+        table.problem("E0912", "lowercase", f"[tokenizer].lowercase is not given with {TOKENIZER_JSON}: "
+                                            f"the file's own normalizer decides the casing")
+        return None
+    if lowercase is None and names[0] == VOCAB_TXT:
+        return None  # mistyped, reported already
+    return TokenizerSpec(files=tuple(files), lowercase=lowercase)
+
+
 def _read_generics(table: "_Table") -> dict[str, int | str]:
     generics = table.map("an integer or a dtype name", lambda v: _is_int(v) or isinstance(v, str))
     for name, value in list(generics.items()):
@@ -357,6 +418,7 @@ class _Kind:
 _STR = _Kind("a string", _is_str)
 _STR_LIST = _Kind("an array of strings", lambda v: isinstance(v, list) and all(map(_is_str, v)))
 _TABLE = _Kind("a table", lambda v: isinstance(v, dict))
+_BOOL = _Kind("a boolean (true or false)", lambda v: isinstance(v, bool))
 
 
 def _describe(value: Any) -> str:

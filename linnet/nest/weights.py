@@ -34,7 +34,8 @@ from .manifest import Manifest, WeightsSpec
 
 #: Every diagnostic code this module raises, with what it means.
 CODES = {
-    "E1001": "a checkpoint file is not available: not cached while offline, or the download failed",
+    "E1001": "a file of the entry's Hub repo (checkpoint or tokenizer) is not available: not cached "
+             "while offline, or the download failed",
     "E1002": "a checkpoint file's sha256 differs from the pin in nest.toml",
     "E1003": "weights= is not a safetensors checkpoint (missing, another format, or a pickle)",
     "E1004": "a safetensors file is corrupt: truncated, bad header, or offsets outside its data",
@@ -99,6 +100,15 @@ class Cast:
     declared: str  # Linnet dtype, e.g. "f32"
 
 
+@dataclass(frozen=True)
+class Alias:
+    """A binding whose key the checkpoint spells with the other LayerNorm names."""
+
+    param: str
+    written: str  # the key bindings.json gives, e.g. "...LayerNorm.gamma"
+    found: str    # the key the checkpoint has, e.g. "...LayerNorm.weight"
+
+
 @dataclass
 class BindingReport:
     """What `verify_bindings` established: the tensor behind each param, and what was left over."""
@@ -106,6 +116,8 @@ class BindingReport:
     bound: dict[str, TensorInfo]
     unused_keys: list[str]
     casts: list[Cast] = field(default_factory=list)
+    #: Bindings satisfied through the LayerNorm naming fallback (see `LAYER_NORM_ALIASES`).
+    aliases: list[Alias] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- finding files
@@ -122,7 +134,7 @@ def checkpoint_files(manifest: Manifest, *, revision: str | None = None,
         return _local_files(Path(weights), manifest.weights)
     spec = _declared_weights(manifest)
     wanted = revision or spec.revision
-    paths = [_download(spec.repo, name, wanted) for name in spec.files]
+    paths = [fetch_file(spec.repo, name, wanted) for name in spec.files]
     if wanted == spec.revision:
         for name, path in zip(spec.files, paths):
             if name in spec.sha256:
@@ -138,8 +150,18 @@ def _declared_weights(manifest: Manifest) -> WeightsSpec:
     return manifest.weights
 
 
-def _download(repo: str, filename: str, revision: str) -> Path:
-    """One file through huggingface_hub: its cache, its offline switch, its progress bars."""
+#: How else a checkpoint can be provided, when its download fails.
+_CHECKPOINT_INSTEAD = ("pass weights= a local .safetensors file, or a folder holding the entry's "
+                       "checkpoint files")
+
+
+def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoint",
+              instead: str = _CHECKPOINT_INSTEAD) -> Path:
+    """One file through huggingface_hub: its cache, its offline switch, its progress bars.
+
+    `what` names the file in messages ("checkpoint", "tokenizer file"); `instead` is the
+    note saying how else the user can provide it.
+    """
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
@@ -147,24 +169,24 @@ def _download(repo: str, filename: str, revision: str) -> Path:
         return Path(hf_hub_download(repo_id=repo, filename=filename, revision=revision))
     except LocalEntryNotFoundError:
         raise _not_available(repo, filename, revision, constants.HF_HUB_OFFLINE,
-                             constants.HF_HUB_CACHE) from None
+                             constants.HF_HUB_CACHE, what, instead) from None
     except (EntryNotFoundError, HfHubHTTPError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise error("E1001", f"cannot download {repo}/{filename} at revision {revision}: "
-                             f"{first_line}", None, *_provide_notes(offline=False)) from None
+        raise error("E1001", f"cannot download {what} {repo}/{filename} at revision {revision}: "
+                             f"{first_line}", None, *_provide_notes(False, instead)) from None
 
 
-def _not_available(repo: str, filename: str, revision: str, offline: bool, cache: str) -> LinnetError:
+def _not_available(repo: str, filename: str, revision: str, offline: bool, cache: str,
+                   what: str, instead: str) -> LinnetError:
     why = ("downloads are disabled (HF_HUB_OFFLINE=1)" if offline
            else "the Hub could not be reached")
-    return error("E1001", f"checkpoint {repo}/{filename} at revision {revision} is not in the "
+    return error("E1001", f"{what} {repo}/{filename} at revision {revision} is not in the "
                           f"Hugging Face cache ({cache}) and {why}",
-                 None, *_provide_notes(offline))
+                 None, *_provide_notes(offline, instead))
 
 
-def _provide_notes(offline: bool) -> list[Note]:
-    notes = [Note("pass weights= a local .safetensors file, or a folder holding the entry's "
-                  "checkpoint files")]
+def _provide_notes(offline: bool, instead: str = _CHECKPOINT_INSTEAD) -> list[Note]:
+    notes = [Note(instead)]
     if offline:
         notes.append(Note("or set HF_HUB_OFFLINE=0 on a machine with network access to download "
                           "it into the cache"))
@@ -377,7 +399,9 @@ def verify_bindings(params: list[ParamSpec], bindings: dict[str, str],
     Problems found: a param without a binding, a binding for a param the model lacks, a
     key the checkpoint lacks, a shape or dtype that differs.  Floats of another width pass
     only with `cast_floats=True` and are listed in `BindingReport.casts`.  Several params
-    may share one key (tied weights) if each matches it.  Keys nothing binds are returned
+    may share one key (tied weights) if each matches it.  A LayerNorm key the checkpoint
+    spells the other way (`gamma`/`beta` vs `weight`/`bias`) is bound under its spelling,
+    listed in `BindingReport.aliases` and logged at INFO.  Keys nothing binds are returned
     in `unused_keys` and logged at INFO.  Pass the bindings file's absolute path as
     `bindings_file` for diagnostics that point at its lines.
     """
@@ -403,16 +427,37 @@ def _match(params: list[ParamSpec], bindings: dict[str, str], index: dict[str, T
             continue
         info = index.get(key)
         if info is None:
-            problems.append(_absent_key(param, key, index, bindings_file, locate(param.name)))
-            continue
+            info = _layer_norm_alias(key, index)
+            if info is None:
+                problems.append(_absent_key(param, key, index, bindings_file, locate(param.name)))
+                continue
+            report.aliases.append(Alias(param.name, key, info.key))
         found = _compare(param, info, cast_floats, locate(param.name), report)
         problems.extend(_note_tied(d, param, info, sharing) for d in found)
         if not found:
             report.bound[param.name] = info
     problems.extend(_unknown_params(params, bindings, bindings_file, locate))
-    referenced = set(bindings.values())
+    referenced = set(bindings.values()) | {alias.found for alias in report.aliases}
     report.unused_keys = sorted(key for key in index if key not in referenced)
     return report, problems
+
+
+#: LayerNorm parameter names: TF-era checkpoints (the original google-bert conversions)
+#: write `gamma`/`beta`, torch's `nn.LayerNorm` writes `weight`/`bias`.  A bound key
+#: ending in one spelling that the checkpoint lacks is looked up in the other.
+LAYER_NORM_ALIASES = {".gamma": ".weight", ".beta": ".bias", ".weight": ".gamma", ".bias": ".beta"}
+
+
+def _layer_norm_alias(key: str, index: dict[str, TensorInfo]) -> TensorInfo | None:
+    """The tensor `key` names under the other LayerNorm spelling, if the checkpoint has it.
+
+    Only the name is substituted: the tensor found still goes through the same shape and
+    dtype checks as any other, so a differently shaped tensor is never bound.
+    """
+    for suffix, other in LAYER_NORM_ALIASES.items():
+        if key.endswith(suffix):
+            return index.get(key[: -len(suffix)] + other)
+    return None
 
 
 def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span | None,
@@ -512,6 +557,10 @@ def _safetensors_dtype(param: ParamSpec) -> str:
 
 
 def _log_report(report: BindingReport, bindings_file: str) -> None:
+    if report.aliases:
+        first = report.aliases[0]
+        log.info("%s: %d keys bound under the other LayerNorm spelling (gamma/beta <-> weight/bias), "
+                 "e.g. %s as %s", bindings_file, len(report.aliases), first.written, first.found)
     if report.unused_keys:
         shown = ", ".join(report.unused_keys[:8])
         more = f" and {len(report.unused_keys) - 8} more" if len(report.unused_keys) > 8 else ""

