@@ -84,12 +84,23 @@ def test_minilm_real_weights_match_transformers(minilm_onnx, transformers_minilm
     assert pooled_diff <= 1e-6
 
 
-def test_one_export_serves_every_shape(bert_onnx, minilm_onnx):
-    # Both entries and every (B, S) above ran through one file per model.
+def test_one_export_serves_every_shape_and_each_entry_runs_only_its_nodes(bert_onnx, minilm_onnx):
+    # Every (B, S) above ran through one export per model: the whole graph (model.onnx, for
+    # people and Netron) and one cut-down model per entry, all reading one weights file.
     for model in (bert_onnx, minilm_onnx):
+        folder = model.info.generated.parent
         assert model.info.generated.name == "model.onnx"
-        assert sorted(p.name for p in model.info.generated.parent.iterdir()) == ["model.onnx"]
-        assert model.runtime.sessions["forward"] is model.runtime.sessions["pool"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            ["model.onnx", "weights.bin", *(f"model.{e}.onnx" for e in model.entries)])
+        assert all((folder / f"model.{e}.onnx").stat().st_size < 5_000_000 for e in model.entries)
+    # ONNX Runtime runs every node of a graph whatever output is asked for, so `forward` must
+    # not carry bert-base's masked-LM head (a [768, 30522] matmul per token).
+    folder = bert_onnx.info.generated.parent
+    forward = onnx.load(str(folder / "model.forward.onnx"), load_external_data=False).graph
+    mlm = onnx.load(str(folder / "model.mlm.onnx"), load_external_data=False).graph
+    assert [o.name for o in forward.output] == ["hidden"] and [o.name for o in mlm.output] == ["mlm_logits"]
+    assert not any(n.name.startswith("mlm.") for n in forward.node)
+    assert any(n.name.startswith("mlm.") for n in mlm.node)
     assert "CPUExecutionProvider" in minilm_onnx.runtime.providers
 
 

@@ -4,7 +4,8 @@
 path returned is always the root entry's `model.onnx`, so other exporters (Triton) can call
 it and take `paths[0]`.  `graph_io(ctx)` describes that file's inputs and outputs from the
 lowered program alone, without weights.  `open_runtime` exports once per cache key into
-`$LINNET_CACHE/generated/onnx/` and opens an `onnxruntime.InferenceSession` per file.
+`$LINNET_CACHE/generated/onnx/`, one model per entry sharing one weights file, and opens
+an `onnxruntime.InferenceSession` per entry on first use (see `OnnxRuntime`).
 """
 from __future__ import annotations
 
@@ -166,38 +167,119 @@ def _provider_name(p) -> str:
 
 
 class OnnxRuntime:
+    """One ONNX Runtime session per entry, opened on the entry's first call.
+
+    ONNX Runtime runs every node of a graph whatever outputs are asked for, so an entry
+    sharing a file with bert-base's masked-LM head would pay for its [S, 30522] matmul on
+    every call.  The runtime therefore opens `model.<entry>.onnx`, the graph cut down to
+    what the entry's output needs (`_write_entry_models`); those files share one weights
+    file.  The root entry's session opens at load, so a broken export fails there.
+    """
+
     backend = "onnx"
 
     def __init__(self, ctx: LoadContext, folder: Path, providers: list):
+        import threading
+
         import onnxruntime as ort
 
         from .onnx import layout
 
         self.program = ctx.program
         self.folder = folder
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = physical_cores()
+        self.options = ort.SessionOptions()
+        self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.options.intra_op_num_threads = physical_cores()
+        self._providers = providers
+        self._lock = threading.Lock()
         self.sessions: dict[str, object] = {}
-        self.outputs: dict[str, str] = {}
-        files = layout(ctx.program, ctx.manifest.source.entry if ctx.manifest is not None else None)
-        for model_file in files:
-            session = ort.InferenceSession(str(folder / model_file.file), sess_options=options,
-                                           providers=providers)
-            for entry in model_file.entries:
-                self.sessions[entry] = session
-                self.outputs[entry] = ctx.output_name(entry)
-        self.generated = folder / files[0].file
-        self.providers = self.sessions[files[0].entries[0]].get_providers()
+        self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
+        root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+        self.generated = folder / layout(ctx.program, root)[0].file
+        self.providers = self.session(root).get_providers()
+
+    def session(self, entry: str):
+        """The entry's session, opened once (threads calling at once share one)."""
+        import onnxruntime as ort
+
+        session = self.sessions.get(entry)
+        if session is None:
+            with self._lock:
+                session = self.sessions.get(entry)
+                if session is None:
+                    session = ort.InferenceSession(str(self.folder / entry_file(entry)), sess_options=self.options,
+                                                   providers=self._providers)
+                    self.sessions[entry] = session
+        return session
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
-        """Run one entry; only its own output is requested, so ORT skips the others' nodes."""
-        session = self.sessions[entry]
+        session = self.session(entry)
         names = [n for n, _ in self.program.entries[entry].inputs]
         feeds = dict(zip(names, inputs))
         if self.program.entries[entry].result.dtype == "bf16":
             return _run_bf16(session, feeds, self.outputs[entry])
         return session.run([self.outputs[entry]], feeds)[0]
+
+
+def entry_file(entry: str) -> str:
+    """The runtime's file for one entry (the entry name is a validated identifier)."""
+    return f"model.{entry}.onnx"
+
+
+#: The one weights file every per-entry model of the runtime's cache reads.
+WEIGHTS_FILE = "weights.bin"
+
+
+def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> None:
+    """The runtime's export: one model per entry, cut to its output, all reading one weights
+    file.  Only initializers of 1 KB and more go to that file; small constants stay inline."""
+    import onnx
+
+    from .onnx import emit
+
+    files = emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
+                 outputs={e: ctx.output_name(e) for e in ctx.program.entries},
+                 root_entry=ctx.manifest.source.entry if ctx.manifest is not None else None,
+                 generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=ctx.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for index, model_file in enumerate(files):
+        model = model_file.model
+        data = WEIGHTS_FILE if index == 0 else f"{WEIGHTS_FILE}.{index}"
+        # Writes the tensors to `data` and leaves references (offset, length) in `model`.
+        onnx.save(model, str(out_dir / model_file.file), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location=data, size_threshold=1024)
+        onnx.checker.check_model(str(out_dir / model_file.file), full_check=True)
+        for entry in model_file.entries:
+            onnx.save(_cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
+        model_file.model = None
+
+
+def _cut_to_output(model, output: str):
+    """A copy of `model` holding only the nodes and initializers `output` depends on (the
+    graph inputs stay, so callers feed every entry alike)."""
+    import onnx
+
+    graph = model.graph
+    producer = {name: node for node in graph.node for name in node.output}
+    needed, pending = set(), [output]
+    while pending:
+        name = pending.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = producer.get(name)
+        if node is not None:
+            pending.extend(i for i in node.input if i)
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)  # cheap: the initializers hold references, not data
+    for field, keep in (("node", lambda n: any(o in needed for o in n.output)),
+                        ("initializer", lambda t: t.name in needed),
+                        ("value_info", lambda v: v.name in needed),
+                        ("output", lambda v: v.name == output)):
+        kept = [item for item in getattr(graph, field) if keep(item)]
+        del getattr(cut.graph, field)[:]
+        getattr(cut.graph, field).extend(kept)
+    return cut
 
 
 def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
@@ -229,7 +311,7 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntim
     options = {"dtype": dtype, "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
 
     def write(folder: Path) -> None:
-        _export(ctx, folder, bf16_compute)
+        _write_entry_models(ctx, folder, bf16_compute)
 
     folder = ctx.cached("onnx", "", write, options=options)
     runtime = OnnxRuntime(ctx, folder, chosen)
