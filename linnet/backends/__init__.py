@@ -81,12 +81,31 @@ def _code_stamp() -> str:
     return "|".join(parts)
 
 
+@dataclass(frozen=True)
+class FrontEndResult:
+    """What loading and the backends need from the checked, instantiated program: the
+    generics it was instantiated with, its params, and its source files (for cache keys).
+
+    Much smaller than `linnet.compiler.Compiled`, which holds every checked AST node: the
+    compile cache stores this, and a warm load unpickles it in a few milliseconds.
+    """
+
+    generics: dict
+    params: tuple  # linnet.params.ParamSpec, in the instance's order
+    module_paths: dict  # module name -> Path of its .linnet file
+
+    @classmethod
+    def of(cls, compiled) -> "FrontEndResult":
+        modules = compiled.checked.program.modules.values()
+        return cls(dict(compiled.generics), tuple(compiled.instance.params), {m.name: m.path for m in modules})
+
+
 @dataclass
 class LoadContext:
     """Everything a backend needs to build or run one instantiated zoo entry."""
 
     name: str  # the zoo entry's name, for file names and titles
-    compiled: Any  # linnet.compiler.Compiled
+    compiled: FrontEndResult
     program: ir.Program
     dtype: str | None = None  # the float dtype asked for, None when the manifest's own
     manifest: Any = None  # linnet.nest.manifest.Manifest
@@ -118,8 +137,8 @@ class LoadContext:
     @property
     def sources(self) -> dict[str, str]:
         if self._sources is None:
-            modules = self.compiled.checked.program.modules.values()
-            self._sources = {m.name: m.path.read_text(encoding="utf-8") for m in modules}
+            self._sources = {name: path.read_text(encoding="utf-8")
+                             for name, path in self.compiled.module_paths.items()}
         return self._sources
 
     def cache_key(self, backend: str, options: dict | None = None) -> str:

@@ -447,7 +447,7 @@ def _compiled_params(manifest: HfManifest) -> tuple[list[ParamSpec], tuple[str, 
     from . import _compile, _compile_key
 
     compiled, program, _ = _compile(manifest, None, None, (), _compile_key(manifest, None, None, ()))
-    return list(compiled.instance.params), tuple(program.entries)
+    return list(compiled.params), tuple(program.entries)
 
 
 # --------------------------------------------------------------------------- bindings
