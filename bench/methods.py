@@ -276,7 +276,8 @@ class LinnetInductor(LinnetTorch):
 
     def load(self) -> float:
         seconds = super().load()
-        self.notes.append("mode='compile' (torch.compile(dynamic=True)); compiled during warm-up, not in load_s")
+        self.notes.append("mode='compile' (torch.compile, inductor freezing the weights; static shapes at the bench's "
+                          "fixed B and S); compiled during warm-up, not in load_s")
         return seconds
 
 
