@@ -24,7 +24,9 @@ def check_zoo() -> int:
     from .nest.manifest import known_entries, load_manifest
 
     failures = 0
-    for name in known_entries():
+    names = known_entries()
+    width = max(map(len, names), default=0)
+    for name in names:
         started = time.perf_counter()
         try:
             manifest = load_manifest(name)
@@ -34,7 +36,7 @@ def check_zoo() -> int:
             print(f"  FAIL {name}\n{exc.render()}")
             continue
         instance = compiled.instance
-        print(f"  ok   {name:<22} {instance.param_count:>13,} params  entries: {', '.join(instance.entries)}"
+        print(f"  ok   {name:<{width}} {instance.param_count:>13,} params  entries: {', '.join(instance.entries)}"
               f"  ({time.perf_counter() - started:.2f} s)")
     return failures
 
