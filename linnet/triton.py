@@ -310,6 +310,7 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
         shutil.rmtree(staging / "build", ignore_errors=True)
         _check_onnx(io, version / "model.onnx")
         if runtime == "python":
+            _write_output_models(version, [t.name for t in io.outputs])
             (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
             (version / "linnet_io.json").write_text(json.dumps(_spec(io, max_batch_size), indent=2) + "\n",
                                                     encoding="utf-8")
@@ -323,6 +324,33 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
     return target
 
 
+def _write_output_models(version: Path, outputs: list[str]) -> None:
+    """For the python runtime: `model.<output>.onnx` per output, the graph cut down to what
+    that output needs, all reading the weights from `weights.bin` with `model.onnx`.
+
+    ONNX Runtime runs every node of a graph whatever outputs are requested, so a request for
+    bert-base's `hidden` would otherwise pay for the masked-LM head too.  model.py runs the
+    cut model when a request asks for one output, and model.onnx when it asks for several.
+    """
+    import onnx
+
+    from .backends.onnx_runtime import cut_to_output
+
+    model = onnx.load(str(version / "model.onnx"))  # with any external data it had
+    old_data = {version / t.external_data[0].value for t in model.graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL and t.external_data}
+    onnx.save(model, str(version / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=WEIGHTS, size_threshold=1024)
+    for path in old_data - {version / WEIGHTS}:
+        path.unlink(missing_ok=True)
+    for name in outputs:
+        onnx.save(cut_to_output(model, name), str(version / f"model.{name}.onnx"))
+
+
+#: The python runtime's weights file, shared by model.onnx and the per-output models.
+WEIGHTS = "weights.bin"
+
+
 # ---------------------------------------------------------------------- model.py
 
 #: Triton Python-backend model: ONNX Runtime on 1/model.onnx, every request validated
@@ -330,10 +358,12 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
 #: error response naming the input, and the other requests of the batch are still answered.
 MODEL_PY = r'''"""Triton Python-backend model written by `linnet export-triton --runtime python`.
 
-Runs model.onnx with ONNX Runtime.  Each request is checked against linnet_io.json (taken
+Runs the model with ONNX Runtime.  Each request is checked against linnet_io.json (taken
 from the Linnet program at export time) before it reaches the graph: rank, dtype, dims that
 agree across inputs, the entry's `where` preconditions (e.g. S <= 512) and the id ranges of
-inputs that index embedding tables.  Only the requested outputs are computed.
+inputs that index embedding tables.  ONNX Runtime runs every node of a graph whatever
+outputs are asked for, so a request for one output runs model.<output>.onnx, the graph cut
+down to that output; a request for several runs model.onnx once.  Sessions open on first use.
 """
 import ast
 import json
@@ -446,7 +476,15 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers = [("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}),
                          "CPUExecutionProvider"]
-        self.session = ort.InferenceSession(os.path.join(here, "model.onnx"), providers=providers)
+        self.here, self.providers, self.sessions = here, providers, {}
+
+    def _session(self, requested):
+        import onnxruntime as ort
+
+        name = "model.%s.onnx" % requested[0] if len(requested) == 1 else "model.onnx"
+        if name not in self.sessions:
+            self.sessions[name] = ort.InferenceSession(os.path.join(self.here, name), providers=self.providers)
+        return self.sessions[name]
 
     def execute(self, requests):
         responses = []
@@ -471,9 +509,9 @@ class TritonPythonModel:
             code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
             error = pb_utils.TritonError(problem) if code is None else pb_utils.TritonError(problem, code)
             return pb_utils.InferenceResponse(output_tensors=[], error=error)
-        results = self.session.run(requested, {k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        results = self._session(requested).run(requested, {k: np.ascontiguousarray(v) for k, v in arrays.items()})
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, r) for n, r in zip(requested, results)])
 
     def finalize(self):
-        self.session = None
+        self.sessions = {}
 '''

@@ -250,11 +250,11 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
                   all_tensors_to_one_file=True, location=data, size_threshold=1024)
         onnx.checker.check_model(str(out_dir / model_file.file), full_check=True)
         for entry in model_file.entries:
-            onnx.save(_cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
+            onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
         model_file.model = None
 
 
-def _cut_to_output(model, output: str):
+def cut_to_output(model, output: str):
     """A copy of `model` holding only the nodes and initializers `output` depends on (the
     graph inputs stay, so callers feed every entry alike)."""
     import onnx
