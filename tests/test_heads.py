@@ -13,7 +13,6 @@ masked-LM decoder, and every task-head block of the BERT source.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -135,40 +134,6 @@ TINY_LABELS = 3
 TINY_GENERICS = {"Vocab": 99, "MaxPositions": 64, "TypeVocab": 2, "D": 32, "Heads": 4, "Inner": 37,
                  "Layers": 2}
 
-# Linnet param path (below the `bert.`/`encoder.` of the root) -> transformers key below `bert.`.
-_TRUNK_KEYS = [
-    (r"embeddings\.(word|position|token_type)_embeddings", r"embeddings.\1_embeddings.weight"),
-    (r"embeddings\.norm\.(\w+)", r"embeddings.LayerNorm.\1"),
-    (r"layers\.(\d+)\.attention\.(query|key|value)\.(\w+)", r"encoder.layer.\1.attention.self.\2.\3"),
-    (r"layers\.(\d+)\.attention\.out\.(\w+)", r"encoder.layer.\1.attention.output.dense.\2"),
-    (r"layers\.(\d+)\.attention_norm\.(\w+)", r"encoder.layer.\1.attention.output.LayerNorm.\2"),
-    (r"layers\.(\d+)\.up\.(\w+)", r"encoder.layer.\1.intermediate.dense.\2"),
-    (r"layers\.(\d+)\.down\.(\w+)", r"encoder.layer.\1.output.dense.\2"),
-    (r"layers\.(\d+)\.output_norm\.(\w+)", r"encoder.layer.\1.output.LayerNorm.\2"),
-    (r"pooler\.dense\.(\w+)", r"pooler.dense.\1"),
-]
-# Head params, keyed as transformers names them (outside `bert.`).
-_HEAD_KEYS = [
-    (r"mlm\.transform\.(\w+)", r"cls.predictions.transform.dense.\1"),
-    (r"mlm\.norm\.(\w+)", r"cls.predictions.transform.LayerNorm.\1"),
-    (r"mlm\.bias", r"cls.predictions.bias"),
-    (r"nsp\.(\w+)", r"cls.seq_relationship.\1"),
-    (r"(classifier|qa_outputs)\.(\w+)", r"\1.\2"),
-]
-
-
-def transformers_key(path: str) -> str:
-    """Where `save_pretrained` of a BertFor* model stores the tensor of a Linnet param."""
-    for pattern, key in _HEAD_KEYS:
-        if match := re.fullmatch(pattern, path):
-            return match.expand(key)
-    trunk = path.removeprefix("bert.").removeprefix("encoder.")
-    for pattern, key in _TRUNK_KEYS:
-        if match := re.fullmatch(pattern, trunk):
-            return "bert." + match.expand(key)
-    raise AssertionError(f"no transformers key for Linnet param {path}")
-
-
 def save_transformers_model(cls_name: str, folder: Path, seed: int = 0) -> Path:
     """A randomly initialised `transformers.<cls_name>` saved by transformers itself. Every
     tensor is drawn at random, biases and LayerNorms included (their init is 0 and 1), so a
@@ -201,8 +166,12 @@ def write_tiny_entry(folder: Path, root: str, entry: str, name: str = "") -> Pat
         "[generics]\n" + "".join(f"{k} = {v}\n" for k, v in generics.items()) + 'T = "f32"\n\n'
         f'[weights]\nrepo = "tests/tiny-bert"\nrevision = "{"0" * 40}"\nfiles = ["model.safetensors"]\n'
         'bindings = "bindings.json"\n')
+    from linnet.nest.zoo import bert_bindings
+
     params = compile_target(locate(folder)).instance.params
-    (folder / "bindings.json").write_text(json.dumps({p.name: transformers_key(p.name) for p in params}, indent=2))
+    # The layout `save_pretrained` of a BertFor* model writes: `bert.` prefix, new LayerNorm names.
+    bindings = bert_bindings([p.name for p in params], prefix="bert.", old_layer_norm=False)
+    (folder / "bindings.json").write_text(json.dumps(bindings, indent=2))
     return folder
 
 
