@@ -298,7 +298,6 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
             path = cache_dir() / "bound" / f"{manifest.name}-{_files_key(files, key, cast)}.safetensors"
             if not path.is_file():
                 import numpy as np
-                from safetensors.numpy import save_file
 
                 made = bind_params(optimized, {k: _to_numpy(v) for k, v in tensors.items()}, only_plan=True)
                 tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
