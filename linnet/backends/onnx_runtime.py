@@ -33,18 +33,25 @@ OPTIMIZE = ("fold_attention_scale",)
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
-    """Emit, save and validate every file of the entry's layout; model.onnx first."""
-    import onnx
-
-    from .onnx import emit, save
+def _emit(ctx: LoadContext, bf16_compute: str):
+    """The entry's ONNX models in memory, weights included (`onnx.emit` over the context)."""
+    from .onnx import emit
 
     manifest = ctx.manifest
     root = manifest.source.entry if manifest is not None else None
     source = ctx.name if manifest is None else f"{ctx.name} ({manifest.source.root}, entries {', '.join(ctx.program.entries)})"
-    files = emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
-                 outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
-                 generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source)
+    return emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
+                outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
+                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source)
+
+
+def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
+    """Emit, save and validate every file of the entry's layout; model.onnx first."""
+    import onnx
+
+    from .onnx import save
+
+    files = _emit(ctx, bf16_compute)
     paths: list[Path] = []
     for model_file in files:
         written = save(model_file, out_dir)
@@ -235,12 +242,7 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
     file.  Only initializers of 1 KB and more go to that file; small constants stay inline."""
     import onnx
 
-    from .onnx import emit
-
-    files = emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
-                 outputs={e: ctx.output_name(e) for e in ctx.program.entries},
-                 root_entry=ctx.manifest.source.entry if ctx.manifest is not None else None,
-                 generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=ctx.name)
+    files = _emit(ctx, bf16_compute)
     out_dir.mkdir(parents=True, exist_ok=True)
     for index, model_file in enumerate(files):
         model = model_file.model
