@@ -13,7 +13,6 @@ What gets printed depends on the model, unless `--task` says otherwise:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 

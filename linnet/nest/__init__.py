@@ -102,6 +102,16 @@ class Model:
     def __call__(self, *args, **kwargs):
         return self.run(self.manifest.source.entry, *args, **kwargs)
 
+    def encode(self, texts, *, batch_size: int = 32, normalize: bool = True, progress: bool | None = None,
+               output: str = "numpy", entry: str = "embed", max_length: int | None = None):
+        """Sentence embeddings of `texts` as one `[N, D]` array, like sentence-transformers'
+        `encode`: sorted by length, batched, run through `entry`, returned in input order.
+        See `linnet.nest.encode.encode` for every option."""
+        from .encode import encode
+
+        return encode(self, texts, batch_size=batch_size, normalize=normalize, progress=progress,
+                      output=output, entry=entry, max_length=max_length)
+
     def __getattr__(self, name: str):
         entries = self.__dict__.get("_validators", {})
         if name in entries:
