@@ -21,7 +21,7 @@ from .pysource import py_name
 TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 MODES = ("eager", "compile", "cudagraphs")
 #: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("mode",)
+OPTIONS = ("mode", "kernels")
 
 
 def import_generated(path: Path, module_name: str):
@@ -55,8 +55,11 @@ class TorchRuntime:
     backend = "torch"
 
     def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict,
-                 *, device=None, mode: str | None = None):
+                 *, device=None, mode: str | None = None, kernels: str | None = None):
         import torch
+
+        from . import cache_dir
+        from .torch_kernels import choose_and_apply
 
         mode = mode or "eager"
         if mode not in MODES:
@@ -72,6 +75,10 @@ class TorchRuntime:
         state = {torch_param_name(name): tensor for name, tensor in tensors.items()}
         model.load_state_dict(state, strict=True, assign=True)
         self.model = model.to(self.device).eval()
+        #: Shape -> the Linear kernel chosen at load (`torch_kernels`); empty when none was probed.
+        self.kernels = {}
+        if mode == "eager" and (kernels or "auto") == "auto" and self.device.type == "cpu":
+            self.kernels = choose_and_apply(self.model, program, cache_dir=cache_dir())
         self._entries = {name: self._prepare(name) for name in program.entries}
 
     def _prepare(self, entry: str):
@@ -104,13 +111,19 @@ def generated_source(ctx: LoadContext) -> Path:
     return ctx.cached("torch", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
 
 
-def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None) -> TorchRuntime:
+def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None,
+                 kernels: str | None = None) -> TorchRuntime:
+    from .torch_kernels import KERNEL_CHOICES
+
     if (mode or "eager") not in MODES:  # before reading any weights
         raise LinnetError(Diagnostic("E0802", f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
+    if (kernels or "auto") not in KERNEL_CHOICES:
+        raise LinnetError(Diagnostic("E0802", f"kernels must be one of {', '.join(KERNEL_CHOICES)}, "
+                                     f"found {kernels!r}"))
     _resolve_device(device)
     source = generated_source(ctx)
     runtime = TorchRuntime(ctx.program, source, f"linnet_generated_torch_{source.stem.replace('-', '_')}",
-                           ctx.tensors("pt"), device=device, mode=mode)
+                           ctx.tensors("pt"), device=device, mode=mode, kernels=kernels)
     runtime.generated = source
     return runtime
 

@@ -404,7 +404,7 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
 
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
          revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
-         providers: list | None = None, optimize: bool = True) -> Model:
+         providers: list | None = None, kernels: str | None = None, optimize: bool = True) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
     "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
@@ -415,13 +415,16 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     revision of the weights repo.  weights: a local .safetensors file or folder instead of
     the manifest's checkpoint.  mode (torch): "eager" (default), "compile" or "cudagraphs".
     providers (onnx): ONNX Runtime execution providers, default the best available.
+    kernels (torch, eager, CPU): "auto" (default) times each Linear shape once per machine and
+    runs it through oneDNN with a packed weight where that is faster and exact (within 1e-5);
+    "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).
     optimize: run the optimisation stage (`linnet.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact); False runs the
     program exactly as written.
     """
     started = time.perf_counter()
     module = integration(backend)
-    options = check_options(backend, module, {"mode": mode, "providers": providers})
+    options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels})
     manifest, revision = _manifest(name_or_path, revision, weights)
     # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
     # module; every pass when it does not say).
