@@ -10,9 +10,8 @@ A code is never reused for another meaning: one that nothing raises any more sta
 registered with `reserved="why"`.  The diagnostics table in docs/language.md is generated
 from this registry (`python -m linnet.codes --markdown`) and a test keeps the two equal.
 
-This module imports nothing from linnet, so tools (and the conversion script that turned
-literal codes into these constants) can load it on its own.  It is long only because it
-lists every code; the code itself is the first and last fifty lines.
+This module imports nothing from linnet, so a tool can load it on its own.  It runs past
+the usual length only because it lists every code: the logic is its first and last screens.
 """
 from __future__ import annotations
 
