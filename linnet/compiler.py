@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import codes
 from .check import CheckedProgram, check
 from .diagnostics import Diagnostic, LinnetError, SourceMap, Span, error
 from .instantiate import Instance, ValueOrigin, instantiate
@@ -43,12 +44,13 @@ def locate(path_or_name: str | Path) -> Target:
     # What is clearly meant as a file or a folder gets a message about that file or folder,
     # not "no zoo entry named 'src/model.linnet'".
     if path.suffix == ".linnet" and not path.exists():
-        raise error("E0108", f"no such file: {path}")
+        raise error(codes.BAD_TARGET_PATH, f"no such file: {path}")
     if path.is_file():
-        raise error("E0108", f"{path} is not a Linnet source file (expected a .linnet file, a package "
-                             "folder with linnet.toml, or a zoo entry)")
+        raise error(codes.BAD_TARGET_PATH, f"{path} is not a Linnet source file (expected a .linnet file, a package "
+                                           "folder with linnet.toml, or a zoo entry)")
     if path.is_dir() and not (path / "nest.toml").is_file() and not _is_zoo_name(str(path_or_name)):
-        raise error("E0108", f"folder {path} is neither a package (no linnet.toml) nor a zoo entry (no nest.toml)")
+        raise error(codes.BAD_TARGET_PATH,
+                    f"folder {path} is neither a package (no linnet.toml) nor a zoo entry (no nest.toml)")
     from .nest.manifest import load_manifest  # the zoo is optional for plain files and packages
 
     manifest = load_manifest(path_or_name)
@@ -93,8 +95,9 @@ def compile_target(target: Target, overrides: dict[str, int | str] | None = None
     if target.kind != "entry":
         if overrides:  # silently ignoring them would let a user believe they were checked
             names = ", ".join(f"{k}={v}" for k, v in overrides.items())
-            raise error("E0506", f"{override_source} {names}: values can only be set for a zoo entry, whose "
-                                 f"nest.toml names the root block; {target.path} is a {target.kind}")
+            raise error(codes.SET_OUTSIDE_ENTRY,
+                        f"{override_source} {names}: values can only be set for a zoo entry, whose "
+                        f"nest.toml names the root block; {target.path} is a {target.kind}")
         return compiled
     manifest = target.manifest
     generics, dims = dict(manifest.generics), dict(manifest.check)
@@ -143,9 +146,9 @@ def _bad_check_dims(dims: dict, entry_dims: dict[str, Span], origins: dict[str, 
         where = origins.get(name)
         if where is not None and where.span is None:
             span = entry_dims.get(name, origin)
-            problems.append(Diagnostic("E0503", f"{message} (given by {where.text})", span))
+            problems.append(Diagnostic(codes.BAD_GENERIC_VALUE, f"{message} (given by {where.text})", span))
         else:
-            problems.append(Diagnostic("E0503", message, where.span if where else origin))
+            problems.append(Diagnostic(codes.BAD_GENERIC_VALUE, message, where.span if where else origin))
     return problems
 
 

@@ -4,12 +4,18 @@ Every user-facing failure is a `LinnetError` carrying one or more `Diagnostic`s.
 diagnostic names a code, a message, a primary `Span` (file, line, column, end) and any
 number of notes that point at the declaration or `where` clause that explains it.  A bug in
 the compiler itself is an `InternalError`, which says so instead of blaming the program.
+Codes are the records of `linnet.codes`; a diagnostic with a code not registered there
+cannot be made.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .codes import ErrorCode
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,21 @@ class Note:
 
 @dataclass(frozen=True)
 class Diagnostic:
-    code: str
+    code: str  # given as a `codes.ErrorCode` (or its registered string), kept as the string
     message: str
     span: Span | None = None
     notes: tuple[Note, ...] = ()
     severity: str = "error"
+
+    def __post_init__(self) -> None:
+        # Imported here, not at the top: `import linnet` then does not load the registry, so
+        # `python -m linnet.codes` runs it as a fresh module without runpy's double-import warning.
+        from . import codes
+        try:
+            record = codes.lookup(self.code)
+        except KeyError as exc:
+            raise InternalError(exc.args[0]) from None
+        object.__setattr__(self, "code", record.code)
 
     def with_note(self, message: str, span: Span | None = None) -> "Diagnostic":
         return Diagnostic(self.code, self.message, self.span, self.notes + (Note(message, span),),
@@ -87,7 +103,7 @@ class InternalError(Exception):
         super().__init__(f"internal compiler error (this is a bug in Linnet, please report it): {message}")
 
 
-def error(code: str, message: str, span: Span | None = None, *notes: Note) -> LinnetError:
+def error(code: ErrorCode, message: str, span: Span | None = None, *notes: Note) -> LinnetError:
     return LinnetError(Diagnostic(code, message, span, tuple(notes)))
 
 

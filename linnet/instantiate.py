@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import codes
 from .check import BlockSig, CheckedProgram, FnSig, WhereClause
 from .diagnostics import Diagnostic, LinnetError, Note, Span
 from .dims import DimError, DimExpr, const, sym
@@ -130,7 +131,7 @@ def _precondition_diagnostic(sig: EntrySignature, pre: Precondition, values, blo
     names = sorted(pre.clause.left.free_symbols() | pre.clause.right.free_symbols())
     notes = _origin_notes(names, {k: v for k, v in env.items()}, origins or {})
     return Diagnostic(
-        "E0403",
+        codes.CHECK_DIMS_PRECONDITION,
         f"entry `{sig.name}` cannot run with {_values_text(pre.clause, env)}: "
         f"`{pre.clause}` requires {left} {pre.clause.op} {right}",
         pre.clause.span,
@@ -165,7 +166,7 @@ def instantiate(checked: CheckedProgram, root: str, generics: dict[str, int | st
         known = ", ".join(sorted(b.name for b in checked.blocks.values() if b.module.name in
                                  {m.name for m in checked.program.roots}))
         where = origins.get("<root>")
-        raise LinnetError(Diagnostic("E0501", f"no block `{root}` in the package (blocks: {known})",
+        raise LinnetError(Diagnostic(codes.UNKNOWN_ROOT, f"no block `{root}` in the package (blocks: {known})",
                                      where.span if where and where.span else origin),
                           checked.program.sources) from None
     env = _bind_root(block, generics, origin, checked, origins)
@@ -183,7 +184,7 @@ def instantiate(checked: CheckedProgram, root: str, generics: dict[str, int | st
             try:
                 entries[name] = _entry_signature(fn, env)
             except DimError as exc:
-                errors.append(Diagnostic("E0505", f"entry `{name}` has no valid signature with "
+                errors.append(Diagnostic(codes.IMPOSSIBLE_SHAPE, f"entry `{name}` has no valid signature with "
                                          f"{_env_text(env)}: {exc}", fn.node.name_span,
                                          _origin_notes(sorted(env), env, origins)))
     if errors:
@@ -226,16 +227,18 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
         # no file) the generic's declaration. Only without either fall back to the manifest.
         where = origins.get(g.name)
         if where is not None and where.span is not None:
-            return Diagnostic("E0503", message, where.span, (Note(f"`{g.name}` is declared here", g.span),))
+            return Diagnostic(codes.BAD_GENERIC_VALUE,
+                              message, where.span, (Note(f"`{g.name}` is declared here", g.span),))
         if where is not None:
-            return Diagnostic("E0503", f"{message} (given by {where.text})", g.span)
-        return Diagnostic("E0503", message, origin, (Note("declared here", g.span),))
+            return Diagnostic(codes.BAD_GENERIC_VALUE, f"{message} (given by {where.text})", g.span)
+        return Diagnostic(codes.BAD_GENERIC_VALUE, message, origin, (Note("declared here", g.span),))
 
     for g in block.generics:
         if g.name not in values:
             if g.default is None:
                 table = origins.get("[generics]")
-                errors.append(Diagnostic("E0502", f"generic `{g.name}` of `{block.name}` has no value",
+                errors.append(Diagnostic(codes.MISSING_GENERIC_VALUE,
+                                         f"generic `{g.name}` of `{block.name}` has no value",
                                          table.span if table and table.span else origin,
                                          (Note("declared here without a default", g.span),)))
             else:
@@ -260,10 +263,10 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
                              block.node.name_span)
         message = f"`{block.name}` has no generic {name}"
         if where is not None and where.span is None:
-            errors.append(Diagnostic("E0504", f"{message} (given by {where.text})", block.node.name_span,
+            errors.append(Diagnostic(codes.UNKNOWN_GENERIC, f"{message} (given by {where.text})", block.node.name_span,
                                      (Note(f"its generics are {', '.join(g.name for g in block.generics)}"),)))
         else:
-            errors.append(Diagnostic("E0504", message, where.span if where else origin, (generics_note,)))
+            errors.append(Diagnostic(codes.UNKNOWN_GENERIC, message, where.span if where else origin, (generics_note,)))
     if errors:
         raise LinnetError(errors, checked.program.sources)
     return env
@@ -281,7 +284,7 @@ def _check_clauses(block: BlockSig, env, errors: list[Diagnostic], origins=None)
             bound = clause.substitute(env)
         except DimError as exc:  # `D % Heads == 0` with Heads = 0: the clause has no value
             errors.append(Diagnostic(
-                "E0401", f"where clause `{clause}` of `{block.name}` cannot hold with "
+                codes.WHERE_VIOLATED, f"where clause `{clause}` of `{block.name}` cannot hold with "
                 f"{_values_text(clause, env)}: {exc}", clause.span, notes))
             continue
         if _evaluate(bound, {}) is False:
@@ -290,7 +293,7 @@ def _check_clauses(block: BlockSig, env, errors: list[Diagnostic], origins=None)
             if str(clause.right) != str(right):
                 shown += (" and " if shown else "") + f"`{clause.right}` is {right}"
             errors.append(Diagnostic(
-                "E0401",
+                codes.WHERE_VIOLATED,
                 f"where clause `{clause}` of `{block.name}` is violated: with {_values_text(clause, env)}, "
                 f"{shown or str(bound)}, so `{left} {clause.op} {right}` is false",
                 clause.span, notes))
@@ -371,7 +374,7 @@ def _bad_dims(block: BlockSig, what: str, reason: str, span: Span, env, origins,
         for d in getattr(declared, "dims", None) or (declared,):
             used |= d.free_symbols() if isinstance(d, DimExpr) else set()
         dims = {k: v for k, v in dims.items() if k in used} or dims
-    return Diagnostic("E0505", f"{what} of `{block.name}` cannot be built with {_env_text(dims)}: "
+    return Diagnostic(codes.IMPOSSIBLE_SHAPE, f"{what} of `{block.name}` cannot be built with {_env_text(dims)}: "
                       f"{reason}", span, _origin_notes(sorted(dims), env, origins or {}))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import ast, ir
+from . import ast, codes, ir
 from .check import CheckedProgram, FnSig
 from .diagnostics import InternalError, LinnetError, Diagnostic
 from .dims import DimExpr, Sym, const, sym
@@ -31,7 +31,8 @@ def _number(value: int, dtype: str, span) -> float:
     low, high = number_range(dtype)
     if not low <= value <= high:
         shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:12]}...({len(str(value))} digits)"
-        raise LinnetError(Diagnostic("E0330", f"the number {shown} does not fit {dtype}, whose values lie in "
+        raise LinnetError(Diagnostic(codes.DTYPE_MISMATCH,
+                                     f"the number {shown} does not fit {dtype}, whose values lie in "
                                      f"[{low:g}, {high:g}]", span))
     return float(value)
 
@@ -244,7 +245,8 @@ class Lowerer:
                     break
             else:
                 raise LinnetError(Diagnostic(
-                    "E0601", f"`{fn.name}` uses the dim `{dim}` at run time, but none of its inputs has an axis "
+                    codes.DIM_NOT_IN_INPUTS,
+                    f"`{fn.name}` uses the dim `{dim}` at run time, but none of its inputs has an axis "
                     f"of exactly that size, so the generated code could not read it", fn.span))
         return sources
 
@@ -384,7 +386,8 @@ class Lowerer:
             for bound in items[-1][1:]:
                 value = bound.as_int() if bound is not None else None
                 if value is not None and not low < value < high:
-                    raise LinnetError(Diagnostic("E0326", f"index {value if len(str(value)) <= 30 else '(huge)'} "
+                    raise LinnetError(Diagnostic(codes.INDEX_OUT_OF_BOUNDS,
+                                                 f"index {value if len(str(value)) <= 30 else '(huge)'} "
                                                  "is out of bounds for any tensor (indices are 64-bit)", item.span))
         return ir.Op("index", (target,), self._tensor_type(node, scope), node.span.line, (("items", tuple(items)),))
 

@@ -13,7 +13,7 @@ from lark import Lark, Token, Transformer, Tree, v_args
 from lark.lexer import PatternStr
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from . import ast
+from . import ast, codes
 from .diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
 
 # Friendly names for lark's terminal names in "expected ..." messages.
@@ -45,7 +45,7 @@ def parse(text: str, file: str, sources: SourceMap | None = None) -> ast.Module:
     deep = _too_deep(tree, MAX_DEPTH)
     if deep is not None:
         raise LinnetError(Diagnostic(
-            "E0004", f"this expression nests too deeply for the compiler (more than {MAX_DEPTH} levels)",
+            codes.NESTING_TOO_DEEP, f"this expression nests too deeply for the compiler (more than {MAX_DEPTH} levels)",
             _span(file, deep.meta) if not deep.meta.empty else Span(file, 1, 1, 1, 1),
             (Note("split it into several `let` statements"),)), sources)
     try:
@@ -147,10 +147,10 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     else:  # pragma: no cover - lark raises one of the above
         found, width = "something unexpected", 1
     if isinstance(exc, UnexpectedCharacters):
-        code, message = "E0001", f"unexpected character {found}"
+        code, message = codes.BAD_CHARACTER, f"unexpected character {found}"
     else:
         expected = _expected_terminals(exc)
-        code = "E0002"
+        code = codes.UNEXPECTED_TOKEN
         message = f"unexpected {found}"
         if expected:
             message += f"; expected {_describe_expected(set(expected))}"
@@ -508,7 +508,7 @@ def parse_file(path: Path, sources: SourceMap | None = None, display_name: str |
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise LinnetError(Diagnostic("E0003", f"cannot read {name}: {exc.strerror or exc}",
+        raise LinnetError(Diagnostic(codes.UNREADABLE_SOURCE, f"cannot read {name}: {exc.strerror or exc}",
                                      Span(name, 1, 1, 1, 1)), sources) from None
     try:
         # `utf-8-sig`: a byte-order mark (some Windows editors write one) is not source text.
@@ -516,7 +516,8 @@ def parse_file(path: Path, sources: SourceMap | None = None, display_name: str |
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise LinnetError(Diagnostic("E0003", f"{name} is not UTF-8 text: byte 0x{data[exc.start]:02x} at "
+        raise LinnetError(Diagnostic(codes.UNREADABLE_SOURCE,
+                                     f"{name} is not UTF-8 text: byte 0x{data[exc.start]:02x} at "
                                      f"line {line}, column {col} cannot be decoded", Span(name, line, col, line, col + 1),
                                      (Note("Linnet sources are UTF-8; re-save the file as UTF-8"),)),
                           sources) from None

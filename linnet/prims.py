@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NoReturn, Protocol
 
+from . import codes
 from .diagnostics import Span
 from .dims import DimExpr, const
 from .types import WEAK_INT, DimT, DType, ListT, TensorT, Type, Variadic, is_float, is_int, scalar
 
 
 class PrimContext(Protocol):
-    def fail(self, code: str, message: str, span: Span, *notes) -> NoReturn: ...
+    def fail(self, code: codes.ErrorCode, message: str, span: Span, *notes) -> NoReturn: ...
 
     def broadcast(self, a: TensorT, b: TensorT, span: Span) -> TensorT: ...
 
@@ -36,7 +37,7 @@ class PrimCall:
     span: Span
     ctx: PrimContext
 
-    def fail(self, message: str, arg: int | None = None, code: str = "E0320") -> NoReturn:
+    def fail(self, message: str, arg: int | None = None, code: codes.ErrorCode = codes.BAD_OPERAND) -> NoReturn:
         self.ctx.fail(code, message, self.arg_spans[arg] if arg is not None else self.span)
 
     def tensor(self, i: int, what: str = "a tensor") -> TensorT:
@@ -52,7 +53,7 @@ class PrimCall:
         if t.weak and not t.dims:
             return scalar("f32", weak=True)  # `rsqrt(2)`: a literal is as good as a float
         if not is_float(t.dtype):
-            self.fail(f"`{self.name}` needs a float tensor, found dtype {t.dtype}", i, code="E0330")
+            self.fail(f"`{self.name}` needs a float tensor, found dtype {t.dtype}", i, code=codes.DTYPE_MISMATCH)
         return t
 
     def static_int(self, i: int, what: str) -> int:
@@ -64,7 +65,7 @@ class PrimCall:
 
     def known_rank(self, i: int, t: TensorT) -> int:
         if t.rank is None:
-            self.fail(f"`{self.name}` needs a tensor of known rank, found {t}", i, code="E0322")
+            self.fail(f"`{self.name}` needs a tensor of known rank, found {t}", i, code=codes.BAD_INDEX)
         return t.rank
 
 
@@ -97,10 +98,10 @@ def _axis(call: PrimCall, t: TensorT, arg: int) -> int:
     variadic_at = next((i for i, d in enumerate(t.dims) if isinstance(d, Variadic)), None)
     index = axis + n if axis < 0 else axis
     if not 0 <= index < n:
-        call.fail(f"axis {axis} is out of range for {t} (rank {n})", arg, code="E0323")
+        call.fail(f"axis {axis} is out of range for {t} (rank {n})", arg, code=codes.AXIS_OUT_OF_RANGE)
     if variadic_at is not None and (axis >= 0 and index >= variadic_at or axis < 0 and index <= variadic_at):
         call.fail(f"axis {axis} of {t} falls inside the variadic dims; count from the other end", arg,
-                  code="E0323")
+                  code=codes.AXIS_OUT_OF_RANGE)
     return index
 
 
@@ -124,15 +125,15 @@ def _softmax(call: PrimCall) -> Type:
 def _matmul(call: PrimCall) -> Type:
     a, b = call.float_tensor(0), call.float_tensor(1)
     if len(a.dims) < 2 or len(b.dims) < 2 or isinstance(a.dims[-1], Variadic) or isinstance(b.dims[-2], Variadic):
-        call.fail(f"`matmul` needs [..., M, K] and [..., K, N], found {a} and {b}", code="E0321")
+        call.fail(f"`matmul` needs [..., M, K] and [..., K, N], found {a} and {b}", code=codes.SHAPE_MISMATCH)
     if isinstance(a.dims[-2], Variadic) and len(b.dims) != 2:
-        call.fail(f"`matmul` of {a} needs a plain matrix on the right, found {b}", code="E0321")
+        call.fail(f"`matmul` of {a} needs a plain matrix on the right, found {b}", code=codes.SHAPE_MISMATCH)
     if a.dtype != b.dtype:
-        call.fail(f"`matmul` operands differ in dtype: {a.dtype} and {b.dtype}", code="E0330")
+        call.fail(f"`matmul` operands differ in dtype: {a.dtype} and {b.dtype}", code=codes.DTYPE_MISMATCH)
     k_a, k_b = a.dims[-1], b.dims[-2]
     if not call.ctx.dims_equal(k_a, k_b):
         call.fail(f"`matmul` inner dims differ: the last dim of {a} is {k_a}, but the second-to-last "
-                  f"dim of {b} is {k_b}", code="E0321")
+                  f"dim of {b} is {k_b}", code=codes.SHAPE_MISMATCH)
     batch = call.ctx.broadcast(TensorT(a.dims[:-2], a.dtype), TensorT(b.dims[:-2], b.dtype), call.span)
     return TensorT(batch.dims + (a.dims[-2], b.dims[-1]), a.dtype)
 
@@ -140,16 +141,17 @@ def _matmul(call: PrimCall) -> Type:
 def _transpose(call: PrimCall) -> Type:
     t = call.tensor(0)
     if len(t.dims) < 2 or any(isinstance(d, Variadic) for d in t.dims[-2:]):
-        call.fail(f"`transpose` swaps the last two dims and needs at least two, found {t}", 0, code="E0321")
+        call.fail(f"`transpose` swaps the last two dims and needs at least two, found {t}", 0,
+                  code=codes.SHAPE_MISMATCH)
     return TensorT(t.dims[:-2] + (t.dims[-1], t.dims[-2]), t.dtype)
 
 
 def _take(call: PrimCall) -> Type:
     table, ids = call.tensor(0), call.tensor(1)
     if not table.dims or isinstance(table.dims[0], Variadic):
-        call.fail(f"`take` gathers rows of a table [N, ...], found {table}", 0, code="E0321")
+        call.fail(f"`take` gathers rows of a table [N, ...], found {table}", 0, code=codes.SHAPE_MISMATCH)
     if not is_int(ids.dtype):
-        call.fail(f"`take` indices must be integers, found dtype {ids.dtype}", 1, code="E0330")
+        call.fail(f"`take` indices must be integers, found dtype {ids.dtype}", 1, code=codes.DTYPE_MISMATCH)
     return TensorT(ids.dims + table.dims[1:], table.dtype)
 
 
@@ -167,11 +169,11 @@ def _reshape(call: PrimCall) -> Type:
     negative = [d for d in target.items if call.ctx.decide(d, "<", const(0))]
     if negative:  # a common habit from numpy/torch, where -1 means "infer this dim"
         call.fail(f"reshape target dims cannot be negative, found {negative[0]}; Linnet does not infer "
-                  f"a -1 dim, write it out (e.g. D / Heads)", 1, code="E0324")
+                  f"a -1 dim, write it out (e.g. D / Heads)", 1, code=codes.RESHAPE_COUNT)
     if not call.ctx.same_numel(t.dims, target.items):
         call.fail(f"cannot reshape {t} to [{', '.join(map(str, target.items))}]: "
                   f"the element counts {_product(t.dims)} and {_product(target.items)} cannot be proven equal",
-                  code="E0324")
+                  code=codes.RESHAPE_COUNT)
     return TensorT(target.items, t.dtype)
 
 
@@ -186,7 +188,7 @@ def _permute(call: PrimCall) -> Type:
     perm = [d.as_int() for d in perm_t.items]
     if any(p is None for p in perm) or sorted(perm) != list(range(rank)):
         call.fail(f"[{', '.join(map(str, perm_t.items))}] is not a permutation of the {rank} axes of {t}",
-                  1, code="E0325")
+                  1, code=codes.NOT_A_PERMUTATION)
     return TensorT(tuple(t.dims[p] for p in perm), t.dtype)
 
 
@@ -196,9 +198,9 @@ def _iota(call: PrimCall) -> Type:
     if not isinstance(n, DimT):
         call.fail(f"`iota` takes a dim such as `S`, found {n}", 0)
     if not is_int(dtype):
-        call.fail(f"`iota` makes integer indices; {dtype} is not an integer dtype", code="E0330")
+        call.fail(f"`iota` makes integer indices; {dtype} is not an integer dtype", code=codes.DTYPE_MISMATCH)
     if call.ctx.decide(n.expr, "<", const(0)):
-        call.fail(f"`iota` needs a count of at least 0, found {n.expr}", 0, code="E0326")
+        call.fail(f"`iota` needs a count of at least 0, found {n.expr}", 0, code=codes.INDEX_OUT_OF_BOUNDS)
     return TensorT((n.expr,), dtype)
 
 
@@ -215,7 +217,7 @@ def _cast(call: PrimCall) -> Type:
 def _select(call: PrimCall) -> Type:
     cond, a, b = call.tensor(0), call.tensor(1), call.tensor(2)
     if cond.dtype != "bool":
-        call.fail(f"the condition of `select` must be a bool tensor, found {cond.dtype}", 0, code="E0330")
+        call.fail(f"the condition of `select` must be a bool tensor, found {cond.dtype}", 0, code=codes.DTYPE_MISMATCH)
     value = call.ctx.broadcast(a, b, call.span)
     # Only the condition's shape joins the values'; its dtype is bool whatever theirs is.
     shape = call.ctx.broadcast(TensorT(cond.dims, value.dtype, value.weak), value, call.span)

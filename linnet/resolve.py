@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ast
+from . import ast, codes
 from .diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
 from .parser import parse_file
 from .paths import std_dir
@@ -98,7 +98,7 @@ class Resolver:
     def _check_declared_name(self, tree: ast.Module, expected: str) -> None:
         if tree.name is not None and tree.name != expected:
             self.errors.append(Diagnostic(
-                "E0104", f"this file is module `{expected}` but declares `module {tree.name}`",
+                codes.MODULE_PATH_MISMATCH, f"this file is module `{expected}` but declares `module {tree.name}`",
                 tree.name_span))
 
     def _build_scope(self, info: ModuleInfo) -> None:
@@ -106,7 +106,7 @@ class Resolver:
             if item.name in info.scope:
                 _, first = info.scope[item.name]
                 self.errors.append(Diagnostic(
-                    "E0105", f"`{item.name}` is defined twice in module `{info.name}`", item.name_span,
+                    codes.DUPLICATE_NAME, f"`{item.name}` is defined twice in module `{info.name}`", item.name_span,
                     (Note("first defined here", first.name_span),)))
                 continue
             info.scope[item.name] = (info, item)
@@ -121,11 +121,11 @@ class Resolver:
             # Each earlier link of the cycle, so the whole loop can be seen.
             notes = tuple(Note(f"`{self._loading[i]}` imports `{self._loading[i + 1]}` here", span)
                           for i, span in zip(range(start, len(self._loading) - 1), self._importing[start:]))
-            self.errors.append(Diagnostic("E0103", f"import cycle: {chain}", use.path_span, notes))
+            self.errors.append(Diagnostic(codes.IMPORT_CYCLE, f"import cycle: {chain}", use.path_span, notes))
             return
         path = self.locator.find(use.path)
         if path is None:
-            self.errors.append(Diagnostic("E0101", f"unknown module `{target_name}`", use.path_span,
+            self.errors.append(Diagnostic(codes.UNKNOWN_MODULE, f"unknown module `{target_name}`", use.path_span,
                                           (Note(self._where_modules_come_from()),)))
             return
         self._importing.append(use.path_span)
@@ -140,17 +140,17 @@ class Resolver:
         item = target.own_items().get(name)
         if item is None:
             known = ", ".join(sorted(target.own_items())) or "nothing"
-            self.errors.append(Diagnostic("E0102", f"module `{target.name}` has no item `{name}`", span,
+            self.errors.append(Diagnostic(codes.UNKNOWN_IMPORT, f"module `{target.name}` has no item `{name}`", span,
                                           (Note(f"`{target.name}` defines: {known}"),)))
             return
         if not item.public:
             self.errors.append(Diagnostic(
-                "E0106", f"`{name}` is private to module `{target.name}`", span,
+                codes.PRIVATE_ITEM, f"`{name}` is private to module `{target.name}`", span,
                 (Note("declared here without `pub`", item.name_span),)))
             return
         if name in info.scope:
             _, existing = info.scope[name]
-            self.errors.append(Diagnostic("E0105", f"`{name}` is imported but already defined here", span,
+            self.errors.append(Diagnostic(codes.DUPLICATE_NAME, f"`{name}` is imported but already defined here", span,
                                           (Note("the other definition", existing.name_span),)))
             return
         info.scope[name] = (target, item)
@@ -176,10 +176,12 @@ def read_package_name(package_dir: Path) -> str:
         data = tomllib.loads(manifest.read_text(encoding="utf-8"))
         name = data["package"]["name"]
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
-        raise LinnetError(Diagnostic("E0107", f"{display_path(manifest)}: cannot read [package].name ({exc})",
+        raise LinnetError(Diagnostic(codes.BAD_PACKAGE_NAME,
+                                     f"{display_path(manifest)}: cannot read [package].name ({exc})",
                                      Span(display_path(manifest), 1, 1, 1, 2))) from None
     if not isinstance(name, str) or not name.isidentifier():
-        raise LinnetError(Diagnostic("E0107", f"{display_path(manifest)}: [package].name must be an identifier",
+        raise LinnetError(Diagnostic(codes.BAD_PACKAGE_NAME,
+                                     f"{display_path(manifest)}: [package].name must be an identifier",
                                      Span(display_path(manifest), 1, 1, 1, 2)))
     return name
 

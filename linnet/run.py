@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import codes
 from .diagnostics import Diagnostic, LinnetError
 
 TASKS = ("auto", "fill-mask", "similarity", "classify", "pool")
 
-#: Every diagnostic code this module raises.
-CODES = {"E1301": "`linnet run` cannot do the asked task with this model (the entry it needs is missing, "
-                  "or no text holds [MASK])"}
+#: The codes of `linnet run`, with what they mean (a view of the registry in linnet/codes.py).
+CODES = codes.summaries("cli")
 
 
 @dataclass
@@ -56,9 +56,9 @@ def choose_task(model, texts: list[str]) -> str:
 
 def _needs(model, entry: str, task: str) -> None:
     if entry not in model.entries:
-        raise LinnetError(Diagnostic("E1301", f"--task {task} needs the entry `{entry}`, which "
-                                              f"{model.manifest.name} does not have; its entries: "
-                                              f"{', '.join(model.entries)}"))
+        raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, f"--task {task} needs the entry `{entry}`, which "
+                                                             f"{model.manifest.name} does not have; its entries: "
+                                                             f"{', '.join(model.entries)}"))
 
 
 def _numpy(value) -> np.ndarray:
@@ -76,8 +76,8 @@ def fill_mask(model, texts: list[str], top: int) -> list[str]:
     _needs(model, "mlm", "fill-mask")
     tokenizer = model.tokenizer
     if not any("[MASK]" in t for t in texts):
-        raise LinnetError(Diagnostic("E1301", "--task fill-mask needs a text with [MASK] in it, e.g. "
-                                              "\"the capital of france is [MASK].\""))
+        raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, "--task fill-mask needs a text with [MASK] in it, e.g. "
+                                                             "\"the capital of france is [MASK].\""))
     encoded = tokenizer(texts)
     probabilities = _softmax(_numpy(model.mlm(**encoded)))
     lines = []
@@ -104,9 +104,9 @@ def classify(model, texts: list[str], top: int) -> list[str]:
     _needs(model, "logits", "classify")
     probabilities = _softmax(_numpy(model.logits(**model.tokenizer(texts))))
     if probabilities.ndim != 2:
-        raise LinnetError(Diagnostic("E1301", f"--task classify reads one row of logits per text; "
-                                              f"{model.manifest.name}'s `logits` has shape "
-                                              f"{list(probabilities.shape)}"))
+        raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, f"--task classify reads one row of logits per text; "
+                                                             f"{model.manifest.name}'s `logits` has shape "
+                                                             f"{list(probabilities.shape)}"))
     labels = model.labels or tuple(f"LABEL_{i}" for i in range(probabilities.shape[1]))
     lines = []
     for row, text in enumerate(texts):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ir
+from . import codes, ir
 from .diagnostics import Diagnostic, LinnetError, Note
 from .dims import DimError, sym
 
@@ -100,7 +100,7 @@ class InputError(LinnetError):
 
 
 def _input_error(entry: ir.Entry, message: str, *notes: str) -> InputError:
-    return InputError(Diagnostic("E0701", message, None,
+    return InputError(Diagnostic(codes.BAD_INPUT, message, None,
                                  tuple(Note(n) for n in notes) + (Note(f"signature: {_signature_of(entry)}"),)))
 
 
@@ -202,7 +202,7 @@ class InputValidator:
             if not _COMPARE[op](lv, rv):
                 values = ", ".join(f"{d} = {dims[d]}" for d in sorted(left.free_symbols() | right.free_symbols()) if d in dims)
                 raise InputError(Diagnostic(
-                    "E0702", f"`{self.entry.name}` requires {left} {op} {right}, but {values}", span,
+                    codes.PRECONDITION_FAILED, f"`{self.entry.name}` requires {left} {op} {right}, but {values}", span,
                     (Note("declared by this `where` clause (the model's limit; e.g. truncate longer sequences)"),)))
 
     def _check_bounds(self, name: str, array: np.ndarray) -> None:

@@ -31,7 +31,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, ir
+from . import __version__, codes, ir
 from .diagnostics import Diagnostic, InternalError, LinnetError
 from .runtime import NUMPY_DTYPES, index_bounds
 
@@ -50,7 +50,7 @@ _ONNX_ELEM = {"f32": 1, "u8": 2, "i8": 3, "i16": 5, "i32": 6, "i64": 7, "bool": 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def _error(code: str, message: str) -> LinnetError:
+def _error(code: codes.ErrorCode, message: str) -> LinnetError:
     return LinnetError(Diagnostic(code, message))
 
 
@@ -100,14 +100,15 @@ def triton_io(ctx) -> TritonIO:
     program: ir.Program = ctx.program
     entries = list(program.entries.values())
     if not entries:
-        raise _error("E0843", f"{ctx.name} has no entries to serve")
+        raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES, f"{ctx.name} has no entries to serve")
     first = entries[0]
     inputs = tuple(Input(n, t.dtype, _dims(t), first.defaults.get(n)) for n, t in first.inputs)
     outputs = []
     for entry in entries:
         mine = tuple(Input(n, t.dtype, _dims(t), entry.defaults.get(n)) for n, t in entry.inputs)
         if mine != inputs:
-            raise _error("E0843", f"{ctx.name}: entries `{first.name}` and `{entry.name}` take different inputs "
+            raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES,
+                         f"{ctx.name}: entries `{first.name}` and `{entry.name}` take different inputs "
                          f"({', '.join(f'{i.name}: {i.dims}' for i in inputs)} vs "
                          f"{', '.join(f'{i.name}: {i.dims}' for i in mine)}), so one Triton model cannot serve both")
         bounds = {name: b.rows for name, b in index_bounds(program, entry).items()}
@@ -116,11 +117,13 @@ def triton_io(ctx) -> TritonIO:
     names = [t.name for t in (*inputs, *outputs)]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
-        raise _error("E0843", f"{ctx.name}: the name {', '.join(f'`{c}`' for c in clash)} is used by more than one "
+        raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES,
+                     f"{ctx.name}: the name {', '.join(f'`{c}`' for c in clash)} is used by more than one "
                      "input or output; rename the entry's result in nest.toml [outputs]")
     for t in (*inputs, *outputs):
         if t.dtype not in TRITON_DTYPES:
-            raise _error("E0844", f"{ctx.name}: `{t.name}` has dtype {t.dtype}, which Triton has no type for")
+            raise _error(codes.TRITON_BAD_DTYPE,
+                         f"{ctx.name}: `{t.name}` has dtype {t.dtype}, which Triton has no type for")
     # The batch dim: the leading dim of the first input, when it is a free dim of the entry.
     lead = inputs[0].dims[0] if inputs and inputs[0].dims else None
     batch = lead if lead in first.dims and all(t.dims and t.dims[0] == lead for t in (*inputs, *outputs)) else None
@@ -206,17 +209,20 @@ def _input_fields(t: Input, batched: bool, runtime: str) -> list:
 
 def _check_options(io: TritonIO, max_batch_size: int, runtime: str) -> None:
     if runtime not in RUNTIMES:
-        raise _error("E0840", f"unknown Triton runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"unknown Triton runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 0:
-        raise _error("E0840", f"max_batch_size must be a whole number >= 0 (0: Triton does not batch), "
+        raise _error(codes.TRITON_BAD_OPTION, f"max_batch_size must be a whole number >= 0 (0: Triton does not batch), "
                      f"got {max_batch_size!r}")
     if max_batch_size > 0 and io.batch_dim is None:
-        raise _error("E0842", f"{io.name}: not every input and output starts with the same batch dim, so Triton "
+        raise _error(codes.TRITON_NO_BATCH_DIM,
+                     f"{io.name}: not every input and output starts with the same batch dim, so Triton "
                      "cannot batch it; export with max_batch_size=0")
     if runtime == "python":
         for t in (*io.inputs, *io.outputs):
             if t.dtype not in NUMPY_DTYPES:
-                raise _error("E0844", f"{io.name}: `{t.name}` is {t.dtype}, which the Python backend cannot "
+                raise _error(codes.TRITON_BAD_DTYPE,
+                             f"{io.name}: `{t.name}` is {t.dtype}, which the Python backend cannot "
                              "pass as a numpy array; use runtime='onnxruntime' or another dtype")
 
 
@@ -282,17 +288,20 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
     _check_options(io, max_batch_size, runtime)
     float_dtypes = {t.dtype for t in io.outputs if t.dtype.startswith(("f", "bf"))}
     if dtype is not None and float_dtypes and float_dtypes != {dtype}:
-        raise _error("E0844", f"{ctx.name} was compiled for {', '.join(sorted(float_dtypes))}, not {dtype}; "
+        raise _error(codes.TRITON_BAD_DTYPE,
+                     f"{ctx.name} was compiled for {', '.join(sorted(float_dtypes))}, not {dtype}; "
                      f"prepare it with dtype={dtype!r} (linnet export-triton --dtype {dtype})")
     if not _MODEL_NAME.fullmatch(ctx.name):
-        raise _error("E0841", f"{ctx.name!r} cannot name a Triton model folder: use letters, digits, '_', '.' "
+        raise _error(codes.TRITON_BAD_MODEL_NAME,
+                     f"{ctx.name!r} cannot name a Triton model folder: use letters, digits, '_', '.' "
                      "and '-', not starting with '.' or '-'")
     repo = Path(repo_dir)
     if repo.exists() and not repo.is_dir():
-        raise _error("E0845", f"{repo} is a file, not a model repository folder")
+        raise _error(codes.TRITON_BAD_REPOSITORY, f"{repo} is a file, not a model repository folder")
     target = repo / ctx.name
     if target.exists() and not (target / "config.pbtxt").is_file():
-        raise _error("E0845", f"{target} exists and is not a Triton model folder (no config.pbtxt); "
+        raise _error(codes.TRITON_BAD_REPOSITORY,
+                     f"{target} exists and is not a Triton model folder (no config.pbtxt); "
                      "refusing to replace it")
     repo.mkdir(parents=True, exist_ok=True)
     # Everything is written beside the final folder and renamed into place, so Triton (or a

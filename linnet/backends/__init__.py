@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__, ir
+from .. import __version__, codes, ir
 from ..diagnostics import Diagnostic, LinnetError
 
 #: backend name -> integration module.
@@ -40,13 +40,15 @@ def available() -> tuple[str, ...]:
 def integration(backend: str):
     """The backend's integration module; an unknown name is a user error (E0804)."""
     if backend not in BACKENDS:
-        raise LinnetError(Diagnostic("E0804", f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"))
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND,
+                                     f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"))
     try:
         return importlib.import_module(BACKENDS[backend])
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("linnet"):
             raise
-        raise LinnetError(Diagnostic("E0808", f"backend {backend!r} needs the Python package `{exc.name}`, "
+        raise LinnetError(Diagnostic(codes.MISSING_PACKAGE,
+                                     f"backend {backend!r} needs the Python package `{exc.name}`, "
                                      "which is not installed")) from None
 
 
@@ -57,7 +59,8 @@ def check_options(backend: str, module, options: dict[str, Any]) -> dict[str, An
     unknown = sorted(set(given) - set(allowed))
     if unknown:
         takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
-        raise LinnetError(Diagnostic("E0807", f"backend {backend!r} has no option {', '.join(unknown)}; {takes}"))
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"backend {backend!r} has no option {', '.join(unknown)}; {takes}"))
     return given
 
 
@@ -126,7 +129,8 @@ class LoadContext:
         the dtype asked for at load time, else as declared).
         """
         if self.tensor_loader is None:
-            raise LinnetError(Diagnostic("E1012", f"{self.name}: this step needs the model's weights, and none "
+            raise LinnetError(Diagnostic(codes.WEIGHTS_NOT_GIVEN,
+                                         f"{self.name}: this step needs the model's weights, and none "
                                          "were given (the entry declares no [weights], or pass weights=)"))
         return self.tensor_loader(framework, dtype if dtype is not None else self.dtype)
 

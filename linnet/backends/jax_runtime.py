@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ir
+from .. import codes, ir
 from ..diagnostics import Diagnostic, LinnetError
 from . import LoadContext
 from .pysource import import_generated
@@ -39,11 +39,11 @@ def resolve_device(device, backend: str = "jax"):
     if isinstance(device, jax.Device):
         return device
     if not isinstance(device, str):
-        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: the {backend} backend takes "
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"unknown device {device!r}: the {backend} backend takes "
                                      "'cpu', 'gpu' or 'cuda' (optionally ':N'), or a jax.Device"))
     kind, _, index = device.lower().partition(":")
     if kind not in ("cpu",) + _GPU_NAMES or (index and not index.isdigit()):
-        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: the {backend} backend takes "
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"unknown device {device!r}: the {backend} backend takes "
                                      "'cpu', 'gpu' or 'cuda' (optionally ':N'), or a jax.Device"))
     platform = "gpu" if kind in _GPU_NAMES else "cpu"
     try:
@@ -51,11 +51,12 @@ def resolve_device(device, backend: str = "jax"):
     except RuntimeError:  # jax raises when no backend of that platform is installed
         devices = []
     if not devices:
-        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but jax sees no {platform.upper()} "
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE,
+                                     f"device {device!r} asked for, but jax sees no {platform.upper()} "
                                      f"(its devices: {', '.join(str(d) for d in jax.devices())})"))
     n = int(index or 0)
     if n >= len(devices):
-        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but jax sees {len(devices)} "
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"device {device!r} asked for, but jax sees {len(devices)} "
                                      f"{platform.upper()} device(s)"))
     return devices[n]
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import __version__, ir
+from .. import __version__, codes, ir
 from ..diagnostics import Diagnostic, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 
@@ -68,7 +68,7 @@ def elem_type(dtype: str) -> int:
 
 def unsupported(message: str, fn: ir.Function | None = None) -> LinnetError:
     span = fn.span if fn is not None else None
-    return LinnetError(Diagnostic("E0830", f"the onnx backend cannot express {message}", span))
+    return LinnetError(Diagnostic(codes.ONNX_UNSUPPORTED, f"the onnx backend cannot express {message}", span))
 
 
 # --------------------------------------------------------------------- file layout

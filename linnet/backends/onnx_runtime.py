@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import codes
 from . import LoadContext
 from ..diagnostics import Diagnostic, LinnetError
 
@@ -90,7 +91,8 @@ def graph_io(ctx: LoadContext) -> tuple[list[tuple[str, str, list]], list[tuple[
 
 def _check_dtype(ctx: LoadContext, dtype: str | None) -> None:
     if dtype is not None and ctx.dtype is not None and dtype != ctx.dtype:
-        raise LinnetError(Diagnostic("E0833", f"build(dtype={dtype!r}) disagrees with the dtype the program "
+        raise LinnetError(Diagnostic(codes.BUILD_DTYPE_MISMATCH,
+                                     f"build(dtype={dtype!r}) disagrees with the dtype the program "
                                      f"was prepared with ({ctx.dtype!r}); prepare it with dtype={dtype!r}"))
 
 
@@ -137,7 +139,7 @@ def resolve_providers(providers=None, device=None) -> list:
 
     available = ort.get_available_providers()
     if providers is not None and device is not None:
-        raise LinnetError(Diagnostic("E0832", "give device= or providers= to the onnx backend, not both "
+        raise LinnetError(Diagnostic(codes.ONNX_BAD_DEVICE, "give device= or providers= to the onnx backend, not both "
                                      f"(device={device!r}, providers={providers!r})"))
     if providers is None:
         if device is None:
@@ -147,12 +149,14 @@ def resolve_providers(providers=None, device=None) -> list:
             return ["CPUExecutionProvider"]
         if kind == "cuda":
             if "CUDAExecutionProvider" not in available:
-                raise LinnetError(Diagnostic("E0832", f"device {device!r} asked for, but this onnxruntime has no "
+                raise LinnetError(Diagnostic(codes.ONNX_BAD_DEVICE,
+                                             f"device {device!r} asked for, but this onnxruntime has no "
                                              f"CUDAExecutionProvider (available: {', '.join(available)}); "
                                              "install onnxruntime-gpu"))
             options = {"device_id": int(index)} if index.isdigit() else {}
             return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
-        raise LinnetError(Diagnostic("E0832", f"unknown device {device!r} for the onnx backend: use 'cpu', "
+        raise LinnetError(Diagnostic(codes.ONNX_BAD_DEVICE,
+                                     f"unknown device {device!r} for the onnx backend: use 'cpu', "
                                      "'cuda' or 'cuda:N', or name ONNX Runtime providers with providers="))
     if isinstance(providers, (str, tuple)):
         providers = [providers]
@@ -160,7 +164,8 @@ def resolve_providers(providers=None, device=None) -> list:
     for p in providers:
         name = p[0] if isinstance(p, tuple) else p
         if name not in available:
-            raise LinnetError(Diagnostic("E0831", f"ONNX Runtime provider {name!r} is not available here; "
+            raise LinnetError(Diagnostic(codes.ONNX_PROVIDER_UNAVAILABLE,
+                                         f"ONNX Runtime provider {name!r} is not available here; "
                                          f"available: {', '.join(available)}"))
         resolved.append(p)
     return resolved

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, ir
+from .. import __version__, codes, ir
 from ..diagnostics import Diagnostic, InternalError, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 
@@ -157,7 +157,8 @@ def export_entry(program: ir.Program, function, entry_name: str):
             param_specs(program), *input_specs(entry, constraints))
     except Exception as exc:  # noqa: BLE001 - jax raises many kinds; all mean "cannot export"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LinnetError(Diagnostic("E0821", f"entry `{entry_name}` cannot be exported to StableHLO with "
+        raise LinnetError(Diagnostic(codes.STABLEHLO_SYMBOLIC_EXPORT,
+                                     f"entry `{entry_name}` cannot be exported to StableHLO with "
                                      f"symbolic dims {', '.join(entry.dims)}: {reason}")) from None
 
 

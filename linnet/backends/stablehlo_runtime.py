@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ir
+from .. import codes, ir
 from ..diagnostics import Diagnostic, LinnetError, Note
 from ..dims import DimError
 from . import LoadContext
@@ -57,7 +57,7 @@ class StableHloRuntime:
         platform = "cuda" if self.device.platform == "gpu" else self.device.platform
         for name, exported in self.exported.items():
             if platform not in exported.platforms:
-                raise LinnetError(Diagnostic("E0801", f"the StableHLO artifact of `{name}` was exported for "
+                raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the StableHLO artifact of `{name}` was exported for "
                                              f"{', '.join(exported.platforms)}, not for {platform}"))
         self.params = jax.device_put(params_tree(program, tensors), self.device)
         self._calls = {name: jax.jit(exported.call) for name, exported in self.exported.items()}
@@ -74,7 +74,8 @@ class StableHloRuntime:
             reason = shape_assertion_message(exc)
             if reason is None:
                 raise
-            raise LinnetError(Diagnostic("E0820", f"the StableHLO artifact of `{entry}` refused inputs of shapes "
+            raise LinnetError(Diagnostic(codes.STABLEHLO_REFUSED_INPUTS,
+                                         f"the StableHLO artifact of `{entry}` refused inputs of shapes "
                                          f"{', '.join(str(tuple(a.shape)) for a in inputs)}: {reason}")) from None
 
     def _check_preconditions(self, entry_name: str, inputs: list[np.ndarray]) -> None:
@@ -92,7 +93,8 @@ class StableHloRuntime:
                 continue  # a dim missing from a malformed input: the artifact's own check reports it
             if not ok:
                 values = ", ".join(f"{d} = {dims[d]}" for d in sorted(left.free_symbols() | right.free_symbols()))
-                raise LinnetError(Diagnostic("E0702", f"`{entry_name}` requires {left} {op} {right}, but {values}",
+                raise LinnetError(Diagnostic(codes.PRECONDITION_FAILED,
+                                             f"`{entry_name}` requires {left} {op} {right}, but {values}",
                                              span, (Note("declared by this `where` clause; the exported artifact "
                                                          "carries the same check"),)))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ir
+from .. import codes, ir
 from . import LoadContext
 from ..diagnostics import Diagnostic, LinnetError
 from .pysource import py_name
@@ -45,9 +45,9 @@ def _resolve_device(device):
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise LinnetError(Diagnostic("E0801", f"unknown device {device!r}: {exc}")) from None
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"unknown device {device!r}: {exc}")) from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise LinnetError(Diagnostic("E0801", f"device {device!r} asked for, but torch sees no CUDA device"))
+        raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"device {device!r} asked for, but torch sees no CUDA device"))
     return resolved
 
 
@@ -63,10 +63,12 @@ class TorchRuntime:
 
         mode = mode or "eager"
         if mode not in MODES:
-            raise LinnetError(Diagnostic("E0802", f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
+            raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE,
+                                         f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
         self.device = _resolve_device(device)
         if mode == "cudagraphs" and self.device.type != "cuda":
-            raise LinnetError(Diagnostic("E0802", "mode='cudagraphs' captures CUDA graphs and needs device='cuda'"))
+            raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE,
+                                         "mode='cudagraphs' captures CUDA graphs and needs device='cuda'"))
         self.program = program
         self.mode = mode
         generated = import_generated(source_path, module_name)
@@ -116,9 +118,9 @@ def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None,
     from .torch_kernels import KERNEL_CHOICES
 
     if (mode or "eager") not in MODES:  # before reading any weights
-        raise LinnetError(Diagnostic("E0802", f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
+        raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE, f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
     if (kernels or "auto") not in KERNEL_CHOICES:
-        raise LinnetError(Diagnostic("E0802", f"kernels must be one of {', '.join(KERNEL_CHOICES)}, "
+        raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE, f"kernels must be one of {', '.join(KERNEL_CHOICES)}, "
                                      f"found {kernels!r}"))
     _resolve_device(device)
     source = generated_source(ctx)

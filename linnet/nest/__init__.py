@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ir
+from .. import codes, ir
 from ..backends import FrontEndResult, LoadContext, available, cache_dir, check_options, integration
 from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
@@ -94,7 +94,7 @@ class Model:
 
     def run(self, entry: str, *args, **kwargs):
         if entry not in self._validators:
-            raise LinnetError(Diagnostic("E0703", f"{self.manifest.name} has no entry `{entry}`; "
+            raise LinnetError(Diagnostic(codes.UNKNOWN_MODEL_ENTRY, f"{self.manifest.name} has no entry `{entry}`; "
                                          f"entries: {', '.join(self.entries)}"))
         inputs, _ = self._validators[entry](args, kwargs)
         return self.runtime.run(entry, inputs)
@@ -143,7 +143,8 @@ def _dtype_overrides(target: Target, manifest: Manifest, dtype: str | None) -> d
 
     float_generic = _float_generic(check(load_program(target)), manifest)
     if float_generic is None:
-        raise LinnetError(Diagnostic("E0806", f"{manifest.name} has no Float generic to set dtype={dtype!r} on"))
+        raise LinnetError(Diagnostic(codes.NO_FLOAT_GENERIC,
+                                     f"{manifest.name} has no Float generic to set dtype={dtype!r} on"))
     return {float_generic: dtype}
 
 
@@ -151,13 +152,14 @@ def _check_outputs(manifest: Manifest, program: ir.Program) -> None:
     """nest.toml `[outputs]` must name real entries, and give each a distinct name."""
     unknown = sorted(set(manifest.outputs) - set(program.entries))
     if unknown:
-        raise LinnetError(Diagnostic("E0913", f"{manifest.dir / 'nest.toml'}: [outputs] names "
+        raise LinnetError(Diagnostic(codes.BAD_OUTPUTS, f"{manifest.dir / 'nest.toml'}: [outputs] names "
                                      f"{', '.join(unknown)}, which {'is not an entry' if len(unknown) == 1 else 'are not entries'} "
                                      f"of `{manifest.source.root}`; its entries are {', '.join(program.entries)}"))
     names = [manifest.output_name(e) for e in program.entries]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
-        raise LinnetError(Diagnostic("E0913", f"{manifest.dir / 'nest.toml'}: several entries' results would be "
+        raise LinnetError(Diagnostic(codes.BAD_OUTPUTS,
+                                     f"{manifest.dir / 'nest.toml'}: several entries' results would be "
                                      f"named {', '.join(clashes)} in exported graphs; give each its own name in [outputs]"))
 
 
@@ -176,7 +178,8 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     started = time.perf_counter()
     manifest, revision = _manifest(name_or_path, revision, weights)
     if manifest.weights is None and need_weights:
-        raise LinnetError(Diagnostic("E0805", f"{manifest.name} declares no [weights] in nest.toml, so there is "
+        raise LinnetError(Diagnostic(codes.ENTRY_WITHOUT_WEIGHTS,
+                                     f"{manifest.name} declares no [weights] in nest.toml, so there is "
                                      "no bindings.json to bind a checkpoint with"))
     if optimize is True:
         from ..optimize import PASSES as optimize

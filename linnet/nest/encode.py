@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import codes
 from ..diagnostics import Diagnostic, LinnetError, Note, error
 
 #: What `output=` accepts: a numpy array, or the backend's own tensor type.
@@ -54,28 +55,29 @@ def encode(model, texts: str | Sequence[str], *, batch_size: int = 32, normalize
 
 def _texts(texts) -> list[str]:
     if isinstance(texts, (bytes, dict)) or not isinstance(texts, Sequence) and not hasattr(texts, "__iter__"):
-        raise error("E0701", f"encode takes a string or a list of strings, found {type(texts).__name__}")
+        raise error(codes.BAD_INPUT, f"encode takes a string or a list of strings, found {type(texts).__name__}")
     rows = list(texts)
     for index, text in enumerate(rows):
         if not isinstance(text, str):
-            raise error("E0701", f"encode: text {index} is a {type(text).__name__}, not a string")
+            raise error(codes.BAD_INPUT, f"encode: text {index} is a {type(text).__name__}, not a string")
     return rows
 
 
 def _check_options(model, batch_size, output: str, entry: str) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise error("E0701", f"encode: batch_size must be a whole number >= 1, found {batch_size!r}")
+        raise error(codes.BAD_INPUT, f"encode: batch_size must be a whole number >= 1, found {batch_size!r}")
     if output not in OUTPUTS:
-        raise error("E0701", f"encode: output must be one of {', '.join(map(repr, OUTPUTS))}, found {output!r}")
+        raise error(codes.BAD_INPUT, f"encode: output must be one of {', '.join(map(repr, OUTPUTS))}, found {output!r}")
     if entry not in model.entries:
-        raise LinnetError(Diagnostic("E0703", f"{model.manifest.name} has no entry `{entry}` to encode with; "
+        raise LinnetError(Diagnostic(codes.UNKNOWN_MODEL_ENTRY,
+                                     f"{model.manifest.name} has no entry `{entry}` to encode with; "
                                      f"entries: {', '.join(model.entries)}",
                                      notes=(Note("encode runs a sentence-embedding entry: pass entry= one "
                                                  "returning [B, D]"),)))
     result = model.program.entries[entry].result
     if result.rank != 2:
-        raise error("E0703", f"encode needs an entry returning one vector per text ([B, D]); "
-                             f"`{entry}` returns {result}")
+        raise error(codes.UNKNOWN_MODEL_ENTRY, f"encode needs an entry returning one vector per text ([B, D]); "
+                                               f"`{entry}` returns {result}")
 
 
 def _empty(model, entry: str, output: str):

@@ -29,26 +29,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .. import codes
 from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
 from ..params import DTYPES, ParamSpec
 from .manifest import Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
 from .weights import FLOAT_DTYPES, TensorInfo, checkpoint_files, fetch_file, read_index
 
-#: Every diagnostic code this module raises, with what it means.
-CODES = {
-    "E1101": "an hf: name is not `hf:owner/name`",
-    "E1102": "a repo's config.json is not a JSON object",
-    "E1103": "a repo's config.json lacks a field hf: needs, or gives it a value of the wrong type",
-    "E1104": "a repo's config.json has a model_type other than bert",
-    "E1105": "a repo's config.json names an architecture hf: cannot build",
-    "E1106": "a repo's config.json asks for something the BERT source does not compute "
-             "(activation, position embeddings, LayerNorm epsilon, decoder)",
-    "E1107": "a repo's model.safetensors.index.json is not a valid shard index",
-    "E1108": "a masked-LM checkpoint's decoder is not its word-embedding table (untied weights)",
-    "E1109": "the generated bindings cannot be written: neither the Linnet cache nor the temporary "
-             "folder is writable",
-}
+#: The codes of the hf stage, with what they mean (a view of the registry in linnet/codes.py).
+CODES = codes.summaries("hf")
 
 log = logging.getLogger("linnet.nest")
 
@@ -215,8 +204,8 @@ def _tokenizer_spec(repo: str, commit: str) -> TokenizerSpec | None:
 def _repo_id(name: str) -> str:
     repo = name[len(PREFIX):]
     if not _REPO_ID.fullmatch(repo) or ".." in repo or len(repo) > 96:
-        raise error("E1101", f"{name!r} is not a Hugging Face model name: expected \"hf:owner/name\", "
-                             f"such as \"hf:google-bert/bert-base-uncased\"")
+        raise error(codes.BAD_HF_NAME, f"{name!r} is not a Hugging Face model name: expected \"hf:owner/name\", "
+                                       f"such as \"hf:google-bert/bert-base-uncased\"")
     return repo
 
 
@@ -256,14 +245,15 @@ def _shard_names(index_file: Path, name: str) -> list[str]:
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error("E1107", f"{name}: {SHARD_INDEX} cannot be read as JSON: {exc}", None,
+        raise error(codes.HF_BAD_SHARD_INDEX, f"{name}: {SHARD_INDEX} cannot be read as JSON: {exc}", None,
                     Note(f"the file is {index_file}")) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not (isinstance(weight_map, dict) and weight_map
             and all(isinstance(v, str) and v.endswith(".safetensors") and "/" not in v and ".." not in v
                     for v in weight_map.values())):
-        raise error("E1107", f"{name}: {SHARD_INDEX} must hold a `weight_map` object from tensor keys "
-                             f"to .safetensors file names in the repo", None, Note(f"the file is {index_file}"))
+        raise error(codes.HF_BAD_SHARD_INDEX,
+                    f"{name}: {SHARD_INDEX} must hold a `weight_map` object from tensor keys "
+                    f"to .safetensors file names in the repo", None, Note(f"the file is {index_file}"))
     return sorted(set(weight_map.values()))
 
 
@@ -287,27 +277,29 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
     architecture, root = _architecture(config, name, note)
     problems: list[Diagnostic] = []
 
-    def problem(code: str, message: str) -> None:
+    def problem(code: codes.ErrorCode, message: str) -> None:
         problems.append(Diagnostic(code, f"{name}: {CONFIG_JSON} {message}", None, (note,)))
 
     generics: dict[str, int | str] = {}
     for field, generic, meaning in SIZES:
         value = config.get(field)
         if field not in config:
-            problem("E1103", f"has no `{field}` ({meaning}); a BERT config must give it")
+            problem(codes.HF_CONFIG_FIELD, f"has no `{field}` ({meaning}); a BERT config must give it")
         elif not _is_count(value):
-            problem("E1103", f"`{field}` must be a positive integer ({meaning}), found {_describe(value)}")
+            problem(codes.HF_CONFIG_FIELD,
+                    f"`{field}` must be a positive integer ({meaning}), found {_describe(value)}")
         else:
             generics[generic] = value
     heads, width = generics.get("Heads"), generics.get("D")
     if heads and width and width % heads:
-        problem("E1106", f"has hidden_size {width}, which {heads} attention heads cannot share "
-                         f"equally (hidden_size must be a multiple of num_attention_heads)")
+        problem(codes.HF_UNSUPPORTED_CONFIG, f"has hidden_size {width}, which {heads} attention heads cannot share "
+                                             f"equally (hidden_size must be a multiple of num_attention_heads)")
     labels = _labels(config, problem) if root in LABELLED or root == "QuestionAnswering" else None
     if root == "QuestionAnswering":
         if labels is not None and len(labels) != 2:
-            problem("E1106", f"gives {len(labels)} labels, but {architecture} scores exactly two per token "
-                             f"(answer start and end), so num_labels must be 2")
+            problem(codes.HF_UNSUPPORTED_CONFIG,
+                    f"gives {len(labels)} labels, but {architecture} scores exactly two per token "
+                    f"(answer start and end), so num_labels must be 2")
         labels = None
     if labels is not None:
         generics["Labels"] = len(labels)
@@ -315,7 +307,7 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
     if dtype in TORCH_DTYPES:
         generics["T"] = TORCH_DTYPES[dtype]
     for message in _unsupported(config, eps):
-        problem("E1106", message)
+        problem(codes.HF_UNSUPPORTED_CONFIG, message)
     tied = config.get("tie_word_embeddings", True)
     if problems:
         raise LinnetError(problems)
@@ -326,35 +318,37 @@ def _config_object(path: Path, name: str) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error("E1102", f"{name}: {CONFIG_JSON} cannot be read as JSON: {exc}", None,
+        raise error(codes.HF_CONFIG_NOT_OBJECT, f"{name}: {CONFIG_JSON} cannot be read as JSON: {exc}", None,
                     Note(f"the file is {path}")) from None
     if not isinstance(config, dict):
-        raise error("E1102", f"{name}: {CONFIG_JSON} must hold a JSON object, found {_describe(config)}",
+        raise error(codes.HF_CONFIG_NOT_OBJECT,
+                    f"{name}: {CONFIG_JSON} must hold a JSON object, found {_describe(config)}",
                     None, Note(f"the file is {path}"))
     return config
 
 
 def _check_model_type(config: dict[str, Any], name: str, note: Note) -> None:
     if "model_type" not in config:
-        raise error("E1103", f"{name}: {CONFIG_JSON} has no `model_type`; hf: needs it to be \"bert\"",
+        raise error(codes.HF_CONFIG_FIELD, f"{name}: {CONFIG_JSON} has no `model_type`; hf: needs it to be \"bert\"",
                     None, note)
     if config["model_type"] != "bert":
-        raise error("E1104", f"{name}: {CONFIG_JSON} has model_type {_describe(config['model_type'])}, "
-                             f"but hf: builds BERT models only (model_type \"bert\")", None, note)
+        raise error(codes.HF_MODEL_TYPE, f"{name}: {CONFIG_JSON} has model_type {_describe(config['model_type'])}, "
+                                         f"but hf: builds BERT models only (model_type \"bert\")", None, note)
 
 
 def _architecture(config: dict[str, Any], name: str, note: Note) -> tuple[str, str]:
     supported = Note(f"supported architectures: {', '.join(ARCHITECTURES)}")
     found = config.get("architectures")
     if found is None:
-        raise error("E1103", f"{name}: {CONFIG_JSON} has no `architectures`, which names the "
-                             f"transformers class (and so the head) the checkpoint is for", None, note, supported)
+        raise error(codes.HF_CONFIG_FIELD,
+                    f"{name}: {CONFIG_JSON} has no `architectures`, which names the "
+                    f"transformers class (and so the head) the checkpoint is for", None, note, supported)
     if not (isinstance(found, list) and found and isinstance(found[0], str)):
-        raise error("E1103", f"{name}: {CONFIG_JSON} `architectures` must be a non-empty list of class "
-                             f"names, found {_describe(found)}", None, note, supported)
+        raise error(codes.HF_CONFIG_FIELD, f"{name}: {CONFIG_JSON} `architectures` must be a non-empty list of class "
+                                           f"names, found {_describe(found)}", None, note, supported)
     if found[0] not in ARCHITECTURES:
-        raise error("E1105", f"{name}: {CONFIG_JSON} names architecture \"{found[0]}\", which hf: cannot "
-                             f"build", None, note, supported)
+        raise error(codes.HF_ARCHITECTURE, f"{name}: {CONFIG_JSON} names architecture \"{found[0]}\", which hf: cannot "
+                                           f"build", None, note, supported)
     return found[0], ARCHITECTURES[found[0]]
 
 
@@ -365,14 +359,14 @@ def _labels(config: dict[str, Any], problem) -> tuple[str, ...] | None:
     if id2label is None:
         count = config.get("num_labels", 2)
         if not _is_count(count):
-            problem("E1103", f"`num_labels` must be a positive integer, found {_describe(count)}")
+            problem(codes.HF_CONFIG_FIELD, f"`num_labels` must be a positive integer, found {_describe(count)}")
             return None
         return tuple(f"LABEL_{i}" for i in range(count))
     keys = list(id2label) if isinstance(id2label, dict) else []
     wanted = [str(i) for i in range(len(keys))]
     if not keys or sorted(keys, key=lambda k: (len(k), k)) != wanted:
-        problem("E1103", "`id2label` must map the label ids 0, 1, ..., N-1 to names, found "
-                         f"{_describe(id2label) if not keys else 'ids ' + ', '.join(keys)}")
+        problem(codes.HF_CONFIG_FIELD, "`id2label` must map the label ids 0, 1, ..., N-1 to names, found "
+                                       f"{_describe(id2label) if not keys else 'ids ' + ', '.join(keys)}")
         return None
     return tuple(str(id2label[key]) for key in wanted)
 
@@ -511,8 +505,9 @@ def _missing_keys(name: str, architecture: str, missing: list[tuple[str, str]],
         notes.append(Note(f"close keys in the checkpoint: {', '.join(close)}"))
     files = sorted({str(info.file) for info in index.values()})
     notes.append(Note(f"the checkpoint is {', '.join(files)}"))
-    return error("E1008", f"{name}: the checkpoint lacks {len(missing)} tensor{'s' if len(missing) > 1 else ''} "
-                          f"that {architecture} needs: {shown}", None, *notes)
+    return error(codes.BINDING_MISSING_KEY,
+                 f"{name}: the checkpoint lacks {len(missing)} tensor{'s' if len(missing) > 1 else ''} "
+                 f"that {architecture} needs: {shown}", None, *notes)
 
 
 def _check_tied_decoder(name: str, index: dict[str, TensorInfo], config: _Config, files: list[Path]) -> None:
@@ -525,16 +520,18 @@ def _check_tied_decoder(name: str, index: dict[str, TensorInfo], config: _Config
     decoder = index.get(MLM_DECODER)
     if decoder is None:
         if not config.tied_decoder:
-            raise error("E1108", f"{name}: {CONFIG_JSON} sets tie_word_embeddings = false, but the checkpoint "
-                                 f"stores no {MLM_DECODER} to decode with; the BERT source's masked-LM head "
-                                 f"decodes with the word-embedding table")
+            raise error(codes.HF_UNTIED_DECODER,
+                        f"{name}: {CONFIG_JSON} sets tie_word_embeddings = false, but the checkpoint "
+                        f"stores no {MLM_DECODER} to decode with; the BERT source's masked-LM head "
+                        f"decodes with the word-embedding table")
         return
     if words is None:  # reported by the bindings already
         return
     if (decoder.shape, decoder.dtype) != (words.shape, words.dtype) or _tensor_bytes(decoder) != _tensor_bytes(words):
-        raise error("E1108", f"{name}: the checkpoint's {MLM_DECODER} differs from its word embeddings "
-                             f"{words.key}; the BERT source's masked-LM head decodes with the word-embedding "
-                             f"table (tied, as BERT was trained), so it cannot run this checkpoint exactly",
+        raise error(codes.HF_UNTIED_DECODER,
+                    f"{name}: the checkpoint's {MLM_DECODER} differs from its word embeddings "
+                    f"{words.key}; the BERT source's masked-LM head decodes with the word-embedding "
+                    f"table (tied, as BERT was trained), so it cannot run this checkpoint exactly",
                     None, Note(f"the checkpoint is {', '.join(map(str, files))}"))
     log.info("%s: %s equals the word embeddings (tied); bound once", name, MLM_DECODER)
 
@@ -566,5 +563,6 @@ def _write_bindings(entry: str, commit: str, bindings: dict[str, str]) -> Path:
             return path
         except OSError:
             log.debug("cannot write %s", path, exc_info=True)
-    raise error("E1109", f"cannot write the generated bindings of {entry} to {cache_dir() / 'hf'} or the "
-                         f"temporary folder")
+    raise error(codes.HF_BINDINGS_UNWRITABLE,
+                f"cannot write the generated bindings of {entry} to {cache_dir() / 'hf'} or the "
+                f"temporary folder")

