@@ -224,6 +224,11 @@ def from_triton_wire(datatype: str) -> DType:
     return _get("triton_wire", datatype)
 
 
-def names(kind: str | None = None) -> tuple[str, ...]:
-    """Linnet's dtype names, in table order, of one kind ("float", "int", "bool") or all."""
-    return tuple(d.name for d in LINNET if kind is None or d.kind == kind)
+def names(kind: str | None = None, *, widest_first: bool = False) -> tuple[str, ...]:
+    """Linnet's dtype names of one kind ("float", "int", "bool") or all, in table order
+    (floats, ints, bool), or with `widest_first` each kind's widest first (f64, f32, ...)."""
+    chosen = [d for d in LINNET if kind is None or d.kind == kind]
+    if widest_first:
+        kinds = list(dict.fromkeys(d.kind for d in LINNET))
+        chosen.sort(key=lambda d: (kinds.index(d.kind), -d.bits))  # stable: f16 stays before bf16
+    return tuple(d.name for d in chosen)
