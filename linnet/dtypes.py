@@ -139,11 +139,13 @@ LINNET: tuple[DType, ...] = (
 )
 
 #: What a safetensors header may also name: read and sized, never a Linnet type.  Their
-#: names are the header's, lowercased, so they can never equal a Linnet name.
+#: names are the header's, lowercased, so they can never equal a Linnet name; the torch
+#: spelling is the type safetensors reads them as.
 STORED_ONLY: tuple[DType, ...] = tuple(
-    DType(header.lower(), kind, bits, header, signed=kind == "float", linnet=False)
-    for header, kind, bits in (("F8_E4M3", "float", 8), ("F8_E5M2", "float", 8),
-                               ("U16", "int", 16), ("U32", "int", 32), ("U64", "int", 64)))
+    DType(header.lower(), kind, bits, header, torch=torch, signed=kind == "float", linnet=False)
+    for header, kind, bits, torch in (("F8_E4M3", "float", 8, "float8_e4m3fn"), ("F8_E5M2", "float", 8, "float8_e5m2"),
+                                      ("U16", "int", 16, "uint16"), ("U32", "int", 32, "uint32"),
+                                      ("U64", "int", 64, "uint64")))
 
 #: The fields `lookup` can search by, and what messages call each.
 _LABELS = {"name": "Linnet", "safetensors": "safetensors", "numpy": "numpy", "torch": "torch", "jax": "jax.numpy",

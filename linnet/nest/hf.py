@@ -312,7 +312,7 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
         generics["Labels"] = len(labels)
     # transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5.
     dtype = dtypes.lookup("torch", config.get("dtype", config.get("torch_dtype")))
-    if dtype is not None and dtype.is_float:
+    if dtype is not None and dtype.linnet and dtype.is_float:
         generics["T"] = dtype.name
     for message in _unsupported(config, eps):
         problem("E1106", message)
