@@ -87,22 +87,20 @@ class Method:
 
 # --------------------------------------------------------------------------- transformers
 
-_TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-
-
 class TransformersEager(Method):
     key, name, kind = "transformers-eager", "transformers (eager)", "reference"
 
     def _from_pretrained(self):
-        import torch
         from transformers import BertModel
         from transformers.utils import logging as hf_logging
+
+        from linnet import dtypes
 
         hf_logging.disable_progress_bar()
         w = self.ctx.weights
         kwargs = {"revision": w.revision} if w.revision else {}
         # transformers' default attention (SDPA), as users get it from from_pretrained.
-        model = BertModel.from_pretrained(w.source, dtype=getattr(torch, _TORCH_DTYPES[self.dtype]), **kwargs)
+        model = BertModel.from_pretrained(w.source, dtype=dtypes.by_name(self.dtype).torch_type(), **kwargs)
         return model.to(self.ctx.device).eval()
 
     def load(self) -> float:

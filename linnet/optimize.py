@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from . import ir
+from .arrays import framework_of
 from .dims import const
 
 LINEAR = "std.nn.linear::Linear.forward"
@@ -351,47 +352,9 @@ def bind_params(optimized: Optimized, tensors: Mapping[str, Any], *, only_plan: 
                 out[path] = tensors[path]
             continue
         parts = [tensors[s] for s in transform.sources]
-        value = parts[0] if len(parts) == 1 else _concat(parts, transform.axis)
+        framework = framework_of(parts[0])
+        value = parts[0] if len(parts) == 1 else framework.concat(parts, transform.axis)
         if transform.row_scales:
-            value = _scale_rows(value, transform.row_scales, owned=len(parts) > 1)
+            value = framework.scale_rows(value, transform.row_scales, owned=len(parts) > 1)
         out[path] = value
     return out
-
-
-def _kind(array) -> str:
-    module = type(array).__module__
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("numpy"):
-        return "numpy"
-    return "jax"
-
-
-def _concat(parts: list, axis: int):
-    kind = _kind(parts[0])
-    if kind == "torch":
-        import torch
-        return torch.cat(parts, dim=axis)
-    if kind == "numpy":
-        import numpy as np
-        return np.concatenate(parts, axis=axis)
-    import jax.numpy as jnp
-    return jnp.concatenate(parts, axis=axis)
-
-
-def _scale_rows(value, row_scales, owned: bool):
-    kind = _kind(value)
-    if kind == "torch":
-        value = value if owned else value.clone()
-        for start, stop, factor in row_scales:
-            value[start:stop] *= factor
-        return value
-    if kind == "numpy":
-        import numpy as np
-        value = value if owned and value.flags.writeable else np.array(value)
-        for start, stop, factor in row_scales:
-            value[start:stop] *= value.dtype.type(factor)
-        return value
-    for start, stop, factor in row_scales:
-        value = value.at[start:stop].multiply(factor)
-    return value

@@ -3,10 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Linnet dtype names and the numpy/safetensors spelling of each.
-DTYPES = {"f64": "F64", "f32": "F32", "f16": "F16", "bf16": "BF16", "i64": "I64", "i32": "I32",
-          "i16": "I16", "i8": "I8", "u8": "U8", "bool": "BOOL"}
-
 
 @dataclass(frozen=True)
 class ParamSpec:

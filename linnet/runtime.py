@@ -13,12 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codes, ir
+from . import codes, dtypes, ir
 from .diagnostics import Diagnostic, LinnetError, Note
 from .dims import DimError, sym
-
-NUMPY_DTYPES = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32,
-                "i16": np.int16, "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
             "!=": np.not_equal}
@@ -136,12 +133,13 @@ class InputValidator:
         self._check_preconditions(dims)
         converted = []
         for name, t in self.entry.inputs:
+            numpy_type = dtypes.by_name(t.dtype).numpy_type()
             if name not in arrays:  # left out: filled as its `= zeros` / `= ones` default says
                 shape = tuple(d.evaluate(dims) for d in t.dims)
-                converted.append(np.full(shape, self.entry.defaults[name], dtype=NUMPY_DTYPES[t.dtype]))
+                converted.append(np.full(shape, self.entry.defaults[name], dtype=numpy_type))
                 continue
             self._check_bounds(name, arrays[name])
-            converted.append(np.ascontiguousarray(arrays[name].astype(NUMPY_DTYPES[t.dtype], copy=False)))
+            converted.append(np.ascontiguousarray(arrays[name].astype(numpy_type, copy=False)))
         return converted, dims
 
     def _bind_arguments(self, args: tuple, kwargs: dict) -> dict:
@@ -161,7 +159,7 @@ class InputValidator:
         return values
 
     def _check_dtype(self, name: str, t: ir.TensorType, array: np.ndarray) -> None:
-        want_int = t.dtype.startswith(("i", "u"))
+        want_int = dtypes.by_name(t.dtype).is_int
         kind = array.dtype.kind
         if want_int and kind not in "iu":
             raise _input_error(self.entry, f"`{name}` must hold integers ({t}), found dtype {array.dtype}",

@@ -31,21 +31,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, codes, ir
+from . import __version__, codes, dtypes, ir
 from .diagnostics import Diagnostic, InternalError, LinnetError
-from .runtime import NUMPY_DTYPES, index_bounds
+from .runtime import index_bounds
 
-__all__ = ["RUNTIMES", "TRITON_DTYPES", "TritonIO", "triton_io", "config_text", "export_triton"]
+__all__ = ["RUNTIMES", "TritonIO", "triton_io", "config_text", "export_triton"]
 
 RUNTIMES = ("onnxruntime", "python")
-
-#: Linnet dtype -> Triton's DataType enum name.
-TRITON_DTYPES = {"f64": "TYPE_FP64", "f32": "TYPE_FP32", "f16": "TYPE_FP16", "bf16": "TYPE_BF16",
-                 "i64": "TYPE_INT64", "i32": "TYPE_INT32", "i16": "TYPE_INT16", "i8": "TYPE_INT8",
-                 "u8": "TYPE_UINT8", "bool": "TYPE_BOOL"}
-
-#: ONNX TensorProto element types, for checking the built graph against the signature.
-_ONNX_ELEM = {"f32": 1, "u8": 2, "i8": 3, "i16": 5, "i32": 6, "i64": 7, "bool": 9, "f16": 10, "f64": 11, "bf16": 16}
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -121,7 +113,7 @@ def triton_io(ctx) -> TritonIO:
                      f"{ctx.name}: the name {', '.join(f'`{c}`' for c in clash)} is used by more than one "
                      "input or output; rename the entry's result in nest.toml [outputs]")
     for t in (*inputs, *outputs):
-        if t.dtype not in TRITON_DTYPES:
+        if dtypes.by_name(t.dtype).triton is None:
             raise _error(codes.TRITON_BAD_DTYPE,
                          f"{ctx.name}: `{t.name}` has dtype {t.dtype}, which Triton has no type for")
     # The batch dim: the leading dim of the first input, when it is a free dim of the entry.
@@ -189,7 +181,7 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
         fields += [("backend", "python")]
     fields.append(("max_batch_size", max_batch_size))
     fields.append(("input", [_input_fields(t, batched, runtime) for t in io.inputs]))
-    fields.append(("output", [[("name", t.name), ("data_type", _Enum(TRITON_DTYPES[t.dtype])),
+    fields.append(("output", [[("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
                                ("dims", _config_dims(t, batched))] for t in io.outputs]))
     if batched:
         # Requests of the same shape are merged into one run; no delay is set, so a lone
@@ -199,7 +191,8 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
 
 
 def _input_fields(t: Input, batched: bool, runtime: str) -> list:
-    fields = [("name", t.name), ("data_type", _Enum(TRITON_DTYPES[t.dtype])), ("dims", _config_dims(t, batched))]
+    fields = [("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
+              ("dims", _config_dims(t, batched))]
     # The python runtime fills a left-out input with its Linnet default; ONNX Runtime needs
     # every graph input, so in the onnxruntime layout the client sends them all.
     if runtime == "python" and t.default is not None:
@@ -220,7 +213,7 @@ def _check_options(io: TritonIO, max_batch_size: int, runtime: str) -> None:
                      "cannot batch it; export with max_batch_size=0")
     if runtime == "python":
         for t in (*io.inputs, *io.outputs):
-            if t.dtype not in NUMPY_DTYPES:
+            if not dtypes.by_name(t.dtype).in_numpy:
                 raise _error(codes.TRITON_BAD_DTYPE,
                              f"{io.name}: `{t.name}` is {t.dtype}, which the Python backend cannot "
                              "pass as a numpy array; use runtime='onnxruntime' or another dtype")
@@ -235,7 +228,7 @@ def _spec(io: TritonIO, max_batch_size: int) -> dict:
         "model": io.name,
         "linnet_version": __version__,
         "max_batch_size": max_batch_size,
-        "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": NUMPY_DTYPES[t.dtype].__name__, "dims": list(t.dims),
+        "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": dtypes.by_name(t.dtype).numpy, "dims": list(t.dims),
                     "default": t.default} for t in io.inputs],
         "outputs": [{"name": t.name, "entry": t.entry, "dtype": t.dtype, "dims": list(t.dims),
                      "preconditions": [list(p) for p in t.preconditions], "bounds": t.bounds}
@@ -263,7 +256,7 @@ def _check_onnx(io: TritonIO, model: Path) -> None:
     initializers = {i.name for i in graph.initializer}
     graph_inputs = [v.name for v in graph.input if v.name not in initializers]
     for t in (*io.inputs, *io.outputs):
-        if found.get(t.name) != (_ONNX_ELEM[t.dtype], len(t.dims)):
+        if found.get(t.name) != (dtypes.by_name(t.dtype).onnx, len(t.dims)):
             raise InternalError(f"the ONNX backend's {model.name} has {t.name!r} as {found.get(t.name)} (elem type, "
                                 f"rank), but the Linnet signature says {t.dtype} of rank {len(t.dims)}")
     if sorted(graph_inputs) != sorted(t.name for t in io.inputs):
@@ -286,7 +279,7 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
     """
     io = triton_io(ctx)
     _check_options(io, max_batch_size, runtime)
-    float_dtypes = {t.dtype for t in io.outputs if t.dtype.startswith(("f", "bf"))}
+    float_dtypes = {t.dtype for t in io.outputs if dtypes.by_name(t.dtype).is_float}
     if dtype is not None and float_dtypes and float_dtypes != {dtype}:
         raise _error(codes.TRITON_BAD_DTYPE,
                      f"{ctx.name} was compiled for {', '.join(sorted(float_dtypes))}, not {dtype}; "

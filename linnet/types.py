@@ -11,24 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Union
 
+from . import dtypes
 from .dims import DimExpr, const
 
-FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
-INT_DTYPES = ("i8", "i16", "i32", "i64", "u8")
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
-#: The values an integer dtype holds, and the largest finite value of a float dtype.
-_INT_RANGE = {"i8": (-2 ** 7, 2 ** 7 - 1), "i16": (-2 ** 15, 2 ** 15 - 1), "i32": (-2 ** 31, 2 ** 31 - 1),
-              "i64": (-2 ** 63, 2 ** 63 - 1), "u8": (0, 255), "bool": (0, 1)}
-_FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
-              "f64": 1.7976931348623157e308}
+# The dtype names come from the one table in `linnet.dtypes`, in its order (messages list them so).
+FLOAT_DTYPES = dtypes.names("float")
+INT_DTYPES = dtypes.names("int")
+ALL_DTYPES = dtypes.names()
 
 
 def number_range(dtype: str) -> tuple[float, float]:
     """The smallest and largest number a dtype holds (finite values, for floats)."""
-    if dtype in _INT_RANGE:
-        return _INT_RANGE[dtype]
-    top = _FLOAT_MAX.get(dtype, float("inf"))
-    return -top, top
+    found = dtypes.lookup("name", dtype)
+    return found.number_range() if found is not None else (-float("inf"), float("inf"))
 
 #: Generic parameter kinds and what may bind them.
 DIM_KIND, SHAPE_KIND = "Dim", "Shape"

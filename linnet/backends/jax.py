@@ -21,14 +21,16 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import ir
+from .. import dtypes, ir
 from ..diagnostics import InternalError
 from .pysource import (ATOM, emission_order, FunctionNamer, header, py_dim, py_index_item, py_name, PyWriter,
                        Scope)
 
-JAX_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "f16": "jnp.float16", "bf16": "jnp.bfloat16",
-              "i64": "jnp.int64", "i32": "jnp.int32", "i16": "jnp.int16", "i8": "jnp.int8",
-              "u8": "jnp.uint8", "bool": "jnp.bool_"}
+
+def jax_dtype(dtype: str) -> str:
+    """A Linnet dtype as generated code writes it: `jnp.float32`."""
+    return f"jnp.{dtypes.by_name(dtype).jax}"
+
 
 #: The name of every function's parameter-tree argument (reserved in pysource, so no Linnet
 #: name can take it).
@@ -129,7 +131,7 @@ class JaxEmitter(PyWriter):
         if op == "softmax":
             return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", ATOM
         if op == "cumsum":  # the declared dtype, so an int32 running count stays int32
-            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={JAX_DTYPES[e.type.dtype]})", ATOM
+            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={jax_dtype(e.type.dtype)})", ATOM
         if op in _REDUCTIONS:
             return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", ATOM
         if op == "take":
@@ -142,11 +144,11 @@ class JaxEmitter(PyWriter):
             axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
             return f"jnp.transpose({a[0]}, {axes})", ATOM
         if op == "iota":
-            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={JAX_DTYPES[e.attr('dtype')]})", ATOM
+            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
         if op == "cast":
             if isinstance(args[0], ir.DimValue):
-                return f"jnp.asarray({a[0]}, dtype={JAX_DTYPES[e.attr('dtype')]})", ATOM
-            return f"{x}.astype({JAX_DTYPES[e.attr('dtype')]})", ATOM
+                return f"jnp.asarray({a[0]}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
+            return f"{x}.astype({jax_dtype(e.attr('dtype'))})", ATOM
         if op == "index":
             return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
         raise NotImplementedError(f"the JAX backend has no template for `{op}`")

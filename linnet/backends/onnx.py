@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import __version__, codes, ir
+from .. import __version__, codes, dtypes, ir
 from ..diagnostics import Diagnostic, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 
@@ -58,12 +58,7 @@ _LOW_PRECISION = ("f16", "bf16")
 
 def elem_type(dtype: str) -> int:
     """A Linnet dtype as an ONNX TensorProto element type."""
-    from onnx import TensorProto
-
-    return {"f64": TensorProto.DOUBLE, "f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16,
-            "bf16": TensorProto.BFLOAT16, "i64": TensorProto.INT64, "i32": TensorProto.INT32,
-            "i16": TensorProto.INT16, "i8": TensorProto.INT8, "u8": TensorProto.UINT8,
-            "bool": TensorProto.BOOL}[dtype]
+    return dtypes.by_name(dtype).onnx
 
 
 def unsupported(message: str, fn: ir.Function | None = None) -> LinnetError:
@@ -216,12 +211,11 @@ class GraphEmitter:
 
         key = (dtype, shape, repr(value))
         if key not in self._consts:
-            if dtype == "bf16":
-                import ml_dtypes
-                array = np.asarray(value, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(shape)
+            numpy_type = dtypes.by_name(dtype).numpy_type()
+            if dtype == "bf16":  # narrowed from the f32 constant, not rounded from the Python float
+                array = np.asarray(value, dtype=np.float32).astype(numpy_type).reshape(shape)
             else:
-                from ..runtime import NUMPY_DTYPES
-                array = np.asarray(value, dtype=NUMPY_DTYPES[dtype]).reshape(shape)
+                array = np.asarray(value, dtype=numpy_type).reshape(shape)
             shown = value if not isinstance(value, float) else float(f"{value:.9g}")
             name = self._unique(f"const.{dtype}.{shown}".replace(" ", ""))
             self._consts[key] = self._initializer(name, array, elem_type(dtype))
@@ -418,8 +412,7 @@ class GraphEmitter:
         return self._op(e, frame)
 
     def _scalar(self, value: float, dtype: str) -> str:
-        is_float = dtype.startswith("f") or dtype == "bf16"
-        return self.constant(float(value) if is_float else int(value), dtype)
+        return self.constant(float(value) if dtypes.by_name(dtype).is_float else int(value), dtype)
 
     def _op(self, e: ir.Op, frame: _Frame) -> str:
         op, out = e.op, elem_type(e.type.dtype)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import codes
 from . import LoadContext
+from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
 
 #: Keyword arguments of `nest.load` this backend takes.
@@ -100,7 +101,7 @@ def _float_dtype(ctx: LoadContext) -> str:
     """The model's float dtype: the one asked for, else the first float among its params."""
     if ctx.dtype is not None:
         return ctx.dtype
-    floats = [t.dtype for _, t in ctx.program.param_paths() if t.dtype in ("f64", "f32", "f16", "bf16")]
+    floats = [t.dtype for _, t in ctx.program.param_paths() if dtypes.by_name(t.dtype).is_float]
     return floats[0] if floats else "f32"
 
 
@@ -293,8 +294,6 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
     """ORT's Python API has no numpy type for bf16 results: bind the output, copy its bytes."""
     import ctypes
 
-    import ml_dtypes
-
     binding = session.io_binding()
     for name, array in feeds.items():
         binding.bind_cpu_input(name, array)
@@ -304,7 +303,7 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
     shape = tuple(value.shape())
     result = np.empty(shape, dtype=np.uint16)
     ctypes.memmove(result.ctypes.data, value.data_ptr(), result.nbytes)
-    return result.view(ml_dtypes.bfloat16)
+    return result.view(dtypes.by_name("bf16").numpy_type())
 
 
 def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntime:

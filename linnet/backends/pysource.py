@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, ir
+from .. import __version__, dtypes, ir
 from ..dims import DimExpr
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -81,8 +81,9 @@ def py_dim(d: DimExpr) -> str:
 
 def py_scalar(scalar) -> str:
     """A literal of an `ir.Scalar`: integers stay integers, so `ids - 1` keeps an int dtype."""
-    if scalar.type.dtype.startswith(("i", "u")) or scalar.type.dtype == "bool":
-        return repr(int(scalar.value)) if scalar.type.dtype != "bool" else repr(bool(scalar.value))
+    kind = dtypes.by_name(scalar.type.dtype).kind
+    if kind != "float":
+        return repr(int(scalar.value)) if kind == "int" else repr(bool(scalar.value))
     return py_float(scalar.value)
 
 
@@ -199,7 +200,7 @@ class FunctionNamer:
 
 def import_generated(path: Path, module_name: str):
     """Import a generated source file under `module_name`, registered in `sys.modules` so
-    that tools which look modules up by name (pickling, jax's tracebacks) find it."""
+    that tools which look modules up by name (pickling, torch.compile, jax's tracebacks) find it."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module

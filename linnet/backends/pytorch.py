@@ -11,13 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .. import ir
+from .. import dtypes, ir
 from .pysource import (ATOM, comment_generics, comment_text, emission_order, FunctionNamer, header, py_dim,
                        py_index_item, py_name, PyWriter, Scope)
 
-TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16",
-                "i64": "torch.int64", "i32": "torch.int32", "i16": "torch.int16", "i8": "torch.int8",
-                "u8": "torch.uint8", "bool": "torch.bool"}
+
+def torch_dtype(dtype: str) -> str:
+    """A Linnet dtype as generated code writes it: `torch.float32`."""
+    return f"torch.{dtypes.by_name(dtype).torch}"
+
 
 _UNARY_FUNCS = {"erf": "torch.erf", "tanh": "torch.tanh", "exp": "torch.exp", "log": "torch.log",
                 "sqrt": "torch.sqrt", "rsqrt": "torch.rsqrt", "sigmoid": "torch.sigmoid"}
@@ -105,7 +107,7 @@ class TorchEmitter(PyWriter):
             # A method of the same name would make `self.<name> = ...` refuse the param.
             target = f'self._parameters["{py_name(name)}"]' if py_name(name) in method_names else f"self.{py_name(name)}"
             lines.append(f"        {target} = nn.Parameter(torch.empty({shape}, "
-                         f"dtype={TORCH_DTYPES[t.dtype]}), requires_grad=False)")
+                         f"dtype={torch_dtype(t.dtype)}), requires_grad=False)")
         for sub in block.subs:
             cls = py_name(sub.block)
             if sub.count is None:
@@ -163,7 +165,7 @@ class TorchEmitter(PyWriter):
         if op == "softmax":
             return f"torch.softmax({a[0]}, dim={e.attr('axis')})", ATOM
         if op == "cumsum":  # torch widens integer cumsums to int64; keep the declared dtype
-            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={TORCH_DTYPES[e.type.dtype]})", ATOM
+            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={torch_dtype(e.type.dtype)})", ATOM
         if op in ("sum", "mean"):
             return f"{x}.{op}(dim={e.attr('axis')}, keepdim=True)", ATOM
         if op == "max":
@@ -180,11 +182,11 @@ class TorchEmitter(PyWriter):
         if op == "iota":
             device = next((py_name(n) for n, t in scope.fn.params if t is not None), None)
             place = f", device={device}.device" if device else ""
-            return f"torch.arange({py_dim(e.attr('n'))}, dtype={TORCH_DTYPES[e.attr('dtype')]}{place})", ATOM
+            return f"torch.arange({py_dim(e.attr('n'))}, dtype={torch_dtype(e.attr('dtype'))}{place})", ATOM
         if op == "cast":
             if isinstance(args[0], ir.DimValue):
-                return f"torch.tensor({a[0]}, dtype={TORCH_DTYPES[e.attr('dtype')]})", ATOM
-            return f"{x}.to({TORCH_DTYPES[e.attr('dtype')]})", ATOM
+                return f"torch.tensor({a[0]}, dtype={torch_dtype(e.attr('dtype'))})", ATOM
+            return f"{x}.to({torch_dtype(e.attr('dtype'))})", ATOM
         if op == "index":
             return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
         raise NotImplementedError(f"the torch backend has no template for `{op}`")

@@ -26,16 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, codes, ir
+from .. import __version__, codes, dtypes, ir
 from ..diagnostics import Diagnostic, InternalError, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 
 #: The platforms each entry is lowered for: the artifact runs on CPU and on CUDA GPUs.
 PLATFORMS = ("cpu", "cuda")
-
-#: Linnet dtype -> numpy/jax dtype name, as written into signature.json.
-DTYPE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
-               "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
 
 FORMAT = "linnet-stablehlo/1"
 
@@ -113,7 +109,7 @@ def param_specs(program: ir.Program) -> dict:
         shape = tuple(d.as_int() for d in t.dims)
         if None in shape:
             raise InternalError(f"param {path} has a symbolic shape {t}")
-        return jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPE_NAMES[t.dtype]))
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(_dtype_name(t.dtype)))
 
     return params_tree(program, leaf)
 
@@ -128,7 +124,7 @@ def input_specs(entry: ir.Entry, constraints: list[str]) -> list:
     specs = []
     for _, t in entry.inputs:
         shape = jax_export.symbolic_shape(", ".join(jax_dim(d) for d in t.dims), scope=scope) if t.dims else ()
-        specs.append(jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPE_NAMES[t.dtype])))
+        specs.append(jax.ShapeDtypeStruct(shape, jnp.dtype(_dtype_name(t.dtype))))
     return specs
 
 
@@ -190,9 +186,9 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
         written += [blob, text]
         entries[name] = {
             "file": blob.name, "mlir": text.name, "dims": list(entry.dims),
-            "inputs": [{"name": n, "dtype": DTYPE_NAMES[t.dtype], "dims": [_dim_json(d) for d in t.dims]}
+            "inputs": [{"name": n, "dtype": _dtype_name(t.dtype), "dims": [_dim_json(d) for d in t.dims]}
                        for n, t in entry.inputs],
-            "result": {"name": ctx.output_name(name), "dtype": DTYPE_NAMES[entry.result.dtype],
+            "result": {"name": ctx.output_name(name), "dtype": _dtype_name(entry.result.dtype),
                        "dims": [_dim_json(d) for d in entry.result.dims]},
             "preconditions": preconditions(entry),
             "export_seconds": round(seconds, 3),
@@ -200,6 +196,11 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
     signature = out_dir / "signature.json"
     signature.write_text(json.dumps(_signature(ctx, entries), indent=2) + "\n", encoding="utf-8")
     return written + [signature]
+
+
+def _dtype_name(dtype: str) -> str:
+    """A Linnet dtype as numpy and jax name it ("bfloat16"), as signature.json writes it."""
+    return dtypes.by_name(dtype).numpy
 
 
 def _dim_json(d: DimExpr):
@@ -216,7 +217,7 @@ def _signature(ctx, entries: dict) -> dict:
     params = []
     for path in param_paths_in_tree_order(param_specs(program)):
         t = types[path]
-        record = {"path": path, "shape": [d.as_int() for d in t.dims], "dtype": DTYPE_NAMES[t.dtype]}
+        record = {"path": path, "shape": [d.as_int() for d in t.dims], "dtype": _dtype_name(t.dtype)}
         if path in keys:
             record["checkpoint_key"] = keys[path]
         params.append(record)

@@ -7,8 +7,6 @@ assign=True)`: weights are read once, straight from the memory-mapped safetensor
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,20 +14,11 @@ import numpy as np
 from .. import codes, ir
 from . import LoadContext
 from ..diagnostics import Diagnostic, LinnetError
-from .pysource import py_name
+from .pysource import import_generated, py_name
 
-TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 MODES = ("eager", "compile", "cudagraphs")
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ("mode", "kernels")
-
-
-def import_generated(path: Path, module_name: str):
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # torch.compile and pickling look modules up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def torch_param_name(path: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import codes, ir
+from ..arrays import framework as framework_named, framework_of
 from ..backends import FrontEndResult, LoadContext, available, cache_dir, check_options, integration
 from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
@@ -318,14 +319,15 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
             if not path.is_file():
                 import numpy as np
 
-                made = bind_params(optimized, {k: _to_numpy(v) for k, v in tensors.items()}, only_plan=True)
+                made = bind_params(optimized, {k: framework_of(v).to_numpy(v) for k, v in tensors.items()},
+                                   only_plan=True)
                 tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _save_aligned({k: np.ascontiguousarray(v) for k, v in made.items()}, tmp)
                 os.replace(tmp, path)
             from safetensors import safe_open
 
-            with safe_open(str(path), framework=framework if framework != "np" else "numpy") as handle:
+            with safe_open(str(path), framework=framework_named(framework).safetensors_name) as handle:
                 made = {k: handle.get_tensor(k) for k in handle.keys()}
             if set(made) != set(optimized.plan):
                 raise ValueError("stale bound-params file")
@@ -358,14 +360,6 @@ def _save_aligned(tensors: dict, path: Path) -> None:
     missing = -start % DATA_ALIGNMENT
     if missing:
         save_file(tensors, str(path), metadata={"pad": " " * missing})
-
-
-def _to_numpy(value):
-    if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
-    import numpy as np
-
-    return np.asarray(value)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import codes
+from .. import codes, dtypes
 from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
-from ..params import DTYPES, ParamSpec
+from ..params import ParamSpec
 from .manifest import Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
-from .weights import FLOAT_DTYPES, TensorInfo, checkpoint_files, fetch_file, read_index
+from .weights import TensorInfo, checkpoint_files, fetch_file, read_index
 
 #: The codes of the hf stage, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("hf")
@@ -84,8 +84,6 @@ SIZES = (
     ("intermediate_size", "Inner", "the width of the feed-forward layer"),
     ("num_hidden_layers", "Layers", "the number of encoder layers"),
 )
-#: transformers' dtype names (config `dtype`, or `torch_dtype` before transformers 5).
-TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
 
 #: Linnet param path -> Hugging Face key.  `{P}` is the checkpoint's prefix ("bert." or
 #: ""); the `bert.` a Linnet path may start with is that of the `bert: Model` sub-block.
@@ -303,9 +301,10 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
         labels = None
     if labels is not None:
         generics["Labels"] = len(labels)
-    dtype = config.get("dtype", config.get("torch_dtype"))
-    if dtype in TORCH_DTYPES:
-        generics["T"] = TORCH_DTYPES[dtype]
+    # transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5.
+    dtype = dtypes.lookup("torch", config.get("dtype", config.get("torch_dtype")))
+    if dtype is not None and dtype.linnet and dtype.is_float:
+        generics["T"] = dtype.name
     for message in _unsupported(config, eps):
         problem(codes.HF_UNSUPPORTED_CONFIG, message)
     tied = config.get("tie_word_embeddings", True)
@@ -429,11 +428,9 @@ def _skeleton(name: str, repo: str, commit: str, config: _Config, config_file: P
 
 def _stored_float(index: dict[str, TensorInfo]) -> str:
     """The Linnet dtype the checkpoint stores its floats in, when config.json does not say."""
-    stored = {info.dtype for info in index.values() if info.dtype in FLOAT_DTYPES}
-    for linnet_name, safetensors_name in DTYPES.items():
-        if stored == {safetensors_name}:
-            return linnet_name
-    return "f32"
+    stored = {info.dtype for info in index.values() if info.is_float}
+    only = dtypes.from_safetensors(stored.pop()) if len(stored) == 1 else None
+    return only.name if only is not None and only.linnet else "f32"
 
 
 def _compiled_params(manifest: HfManifest) -> tuple[list[ParamSpec], tuple[str, ...]]:

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Callable
 
-from .. import codes
+from .. import codes, dtypes
 from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
-from ..params import DTYPES
 from ..paths import zoo_dir
 
 #: The codes of the manifest stage, with what they mean (a view of the registry in linnet/codes.py).
@@ -409,9 +408,10 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
 def _read_generics(table: "_Table") -> dict[str, int | str]:
     generics = table.map("an integer or a dtype name", lambda v: _is_int(v) or isinstance(v, str))
     for name, value in list(generics.items()):
-        if isinstance(value, str) and value not in DTYPES:
-            table.problem(codes.BAD_FIELD_VALUE, name, f"[generics].{name} must be an integer or a dtype name "
-                                                       f"({', '.join(DTYPES)}), found \"{value}\"")
+        if isinstance(value, str) and value not in dtypes.names():
+            table.problem(codes.BAD_FIELD_VALUE,
+                          name, f"[generics].{name} must be an integer or a dtype name "
+                                f"({', '.join(dtypes.names(widest_first=True))}), found \"{value}\"")
             del generics[name]
     return generics
 

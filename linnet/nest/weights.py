@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import codes
+from .. import codes, dtypes
+from ..arrays import Framework, framework as framework_named
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
-from ..params import DTYPES, ParamSpec
+from ..params import ParamSpec
 from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
 from .manifest import Manifest, WeightsSpec
 
@@ -40,13 +41,8 @@ CODES = codes.summaries("weights")
 
 log = logging.getLogger("linnet.nest")
 
-#: Bytes per element of each safetensors dtype.
-DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-               "BOOL": 1}
-FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
 #: Linnet float dtypes `load_tensors(dtype=...)` may cast to.
-CAST_TARGETS = ("f64", "f32", "f16", "bf16")
+CAST_TARGETS = dtypes.names("float", widest_first=True)
 
 #: Suffixes of pickle-based checkpoints, which are refused rather than opened.
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
@@ -72,7 +68,11 @@ class TensorInfo:
         count = 1
         for size in self.shape:
             count *= size
-        return count * DTYPE_SIZES[self.dtype]
+        return count * dtypes.from_safetensors(self.dtype).itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return dtypes.from_safetensors(self.dtype).is_float
 
     def describe(self) -> str:
         return f"[{', '.join(map(str, self.shape))}] {self.dtype}"
@@ -284,7 +284,7 @@ def _tensor_info(file: Path, key: str, entry: Any, data_size: int) -> TensorInfo
     if not isinstance(entry, dict):
         raise _corrupt(file, f"tensor {key!r}: header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
+    if dtypes.lookup("safetensors", dtype) is None:
         raise _corrupt(file, f"tensor {key!r}: unknown dtype {dtype!r}")
     if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
         raise _corrupt(file, f"tensor {key!r}: shape {shape!r} is not a list of sizes")
@@ -449,10 +449,10 @@ def _compare(param: ParamSpec, info: TensorInfo, cast_floats: bool, span: Span |
                 f"{info.describe()}")
     if tuple(param.shape) != info.shape:
         problems.append(Diagnostic(codes.PARAM_SHAPE_MISMATCH, mismatch, span))
-    declared = _safetensors_dtype(param)
-    if declared == info.dtype:
+    declared = _declared_dtype(param)
+    if declared.safetensors == info.dtype:
         return problems
-    both_float = declared in FLOAT_DTYPES and info.dtype in FLOAT_DTYPES
+    both_float = declared.is_float and info.is_float
     if both_float and cast_floats:
         report.casts.append(Cast(param.name, info.key, info.dtype, param.dtype))
     elif both_float:
@@ -531,10 +531,10 @@ def _linnet_type(param: ParamSpec) -> str:
     return f"Tensor[{', '.join(map(str, param.shape))}; {param.dtype}]"
 
 
-def _safetensors_dtype(param: ParamSpec) -> str:
+def _declared_dtype(param: ParamSpec) -> dtypes.DType:
     try:
-        return DTYPES[param.dtype]
-    except KeyError:
+        return dtypes.by_name(param.dtype)
+    except dtypes.UnknownDType:
         raise InternalError(f"ParamSpec {param.name} has unknown dtype {param.dtype!r}") from None
 
 
@@ -557,47 +557,6 @@ def _log_report(report: BindingReport, bindings_file: str) -> None:
 # --------------------------------------------------------------------------- loading
 
 
-class _Framework:
-    """What differs between array libraries: safetensors' name for them, and a float cast."""
-
-    safetensors_name = "numpy"
-
-    def cast(self, array: Any, dtype: str) -> Any:
-        raise NotImplementedError
-
-
-class _Numpy(_Framework):
-    safetensors_name = "numpy"
-
-    def cast(self, array, dtype):
-        import numpy as np
-        if dtype == "bf16":  # numpy has no bfloat16; ml_dtypes (a JAX dependency) does
-            import ml_dtypes
-            return array.astype(ml_dtypes.bfloat16)
-        return array.astype({"f64": np.float64, "f32": np.float32, "f16": np.float16}[dtype])
-
-
-class _Torch(_Framework):
-    safetensors_name = "pt"
-
-    def cast(self, array, dtype):
-        import torch
-        return array.to({"f64": torch.float64, "f32": torch.float32, "f16": torch.float16,
-                         "bf16": torch.bfloat16}[dtype])
-
-
-class _Jax(_Framework):
-    safetensors_name = "flax"
-
-    def cast(self, array, dtype):
-        import jax.numpy as jnp
-        return array.astype({"f64": jnp.float64, "f32": jnp.float32, "f16": jnp.float16,
-                             "bf16": jnp.bfloat16}[dtype])
-
-
-_FRAMEWORKS = {"numpy": _Numpy(), "np": _Numpy(), "pt": _Torch(), "flax": _Jax()}
-
-
 def load_tensors(params: list[ParamSpec], bindings: dict[str, str], index: dict[str, TensorInfo],
                  *, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:
     """Each param's array by Linnet name, read through memory-mapped `safe_open`.
@@ -606,7 +565,7 @@ def load_tensors(params: list[ParamSpec], bindings: dict[str, str], index: dict[
     several params (tied weights) is read once and the same array returned for each.  The
     bindings are re-checked from headers first, so a mismatch can never be half-loaded.
     """
-    backend = _framework(framework)
+    backend = framework_named(framework)
     if dtype is not None and dtype not in CAST_TARGETS:
         raise error(codes.BAD_WEIGHTS_DTYPE, f"cannot load weights as dtype {dtype!r}: choose one of "
                                              f"{', '.join(CAST_TARGETS)}")
@@ -619,13 +578,6 @@ def load_tensors(params: list[ParamSpec], bindings: dict[str, str], index: dict[
     return arrays
 
 
-def _framework(name: str) -> _Framework:
-    try:
-        return _FRAMEWORKS[name]
-    except KeyError:
-        raise ValueError(f"framework must be one of {sorted(_FRAMEWORKS)}, got {name!r}") from None
-
-
 def _group_by_file(params: list[ParamSpec], report: BindingReport
                    ) -> dict[Path, list[tuple[ParamSpec, TensorInfo]]]:
     groups: dict[Path, list[tuple[ParamSpec, TensorInfo]]] = defaultdict(list)
@@ -635,7 +587,7 @@ def _group_by_file(params: list[ParamSpec], report: BindingReport
     return groups
 
 
-def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend: _Framework,
+def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend: Framework,
                dtype: str | None) -> dict[str, Any]:
     from safetensors import safe_open
 
@@ -647,20 +599,18 @@ def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend:
             if (info.key, target) not in converted:
                 array = handle.get_tensor(info.key)
                 if target != _linnet_dtype(info.dtype):
-                    array = backend.cast(array, target)
+                    array = backend.cast(array, dtypes.by_name(target))
                 converted[(info.key, target)] = array
             arrays[param.name] = converted[(info.key, target)]
     return arrays
 
 
 def _target_dtype(param: ParamSpec, info: TensorInfo, requested: str | None) -> str:
-    if info.dtype not in FLOAT_DTYPES:
+    if not info.is_float:
         return _linnet_dtype(info.dtype)
     return requested or param.dtype
 
 
 def _linnet_dtype(safetensors_dtype: str) -> str:
-    for linnet, stored in DTYPES.items():
-        if stored == safetensors_dtype:
-            return linnet
-    return safetensors_dtype.lower()  # F8 variants have no Linnet name; never a cast target
+    # Stored-only dtypes (F8 variants) have names no Linnet type has: never a cast target.
+    return dtypes.from_safetensors(safetensors_dtype).name

@@ -24,10 +24,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import dtypes
 from ..diagnostics import LinnetError
-from ..params import DTYPES
 from .manifest import Manifest, known_entries, load_manifest
-from .weights import DTYPE_SIZES
 
 log = logging.getLogger("linnet.nest")
 
@@ -127,7 +126,7 @@ def _count_params(manifest: Manifest) -> dict[str, int]:
 
     params = compile_target(Target("entry", manifest.dir, manifest)).instance.params
     values = sum(p.numel for p in params)
-    size = sum(p.numel * DTYPE_SIZES[DTYPES[p.dtype]] for p in params)
+    size = sum(p.numel * dtypes.by_name(p.dtype).itemsize for p in params)
     return {"params": values, "tensors": len(params), "bytes": size}
 
 

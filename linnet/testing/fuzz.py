@@ -490,13 +490,13 @@ def emit_all(compiled, stage: list[str]) -> None:
         import numpy as np
         import onnx
 
+        from .. import dtypes
         from ..backends import onnx as onnx_backend
-        from ..runtime import NUMPY_DTYPES
 
         stage[0] = "emit-onnx"
-        tensors = {p.name: np.zeros(p.shape, dtype=NUMPY_DTYPES.get(p.dtype, np.float32)) for p in params}
-        if any(p.dtype == "bf16" for p in params):
+        if any(not dtypes.by_name(p.dtype).in_numpy for p in params):
             return  # numpy has no bf16; the backend converts through ml_dtypes at load time
+        tensors = {p.name: np.zeros(p.shape, dtype=dtypes.by_name(p.dtype).numpy_type()) for p in params}
         outputs = {e: f"{e}_out" for e in program.entries}
         for model_file in onnx_backend.emit(program, tensors, name="fuzz", outputs=outputs,
                                             generics=compiled.generics):
