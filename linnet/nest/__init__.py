@@ -381,9 +381,11 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
     digest = hashlib.sha256(f"{__version__}|{dtype}|{sorted((overrides or {}).items())}|{optimize}".encode())
     try:
         compiler = Path(__file__).resolve().parent.parent
-        for module in sorted(compiler.glob("*.py")) + sorted(compiler.glob("*.lark")):
+        # linnet/check/ is part of the compiler too, though a package of its own.
+        modules = sorted(compiler.glob("*.py")) + sorted(compiler.glob("check/*.py")) + sorted(compiler.glob("*.lark"))
+        for module in modules:
             stat = module.stat()
-            digest.update(f"{module.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+            digest.update(f"{module.relative_to(compiler).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
         # What the manifest gives compiling, also for one made in memory (`hf:`) without a nest.toml.
         digest.update(repr((manifest.name, manifest.source, sorted(manifest.generics.items()),
                             sorted(manifest.check.items()))).encode())

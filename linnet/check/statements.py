@@ -1,0 +1,262 @@
+"""Function bodies: `let`, `var` and assignment, `return`, `static for` (with `collect`) and `if let`.
+
+Each body gets its own `BodyContext`. Errors are collected per statement: a failed
+statement gives what it binds an error type, which silences follow-on errors, and checking
+goes on with the next statement.
+"""
+from __future__ import annotations
+
+from .. import ast
+from ..diagnostics import Diagnostic, Note, Span
+from ..dims import DimExpr, const
+from ..types import ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type
+from .core import BodyContext, Checker, Failure, Local, fail, silent
+from .expressions import check_expr, check_name
+from .obligations import broadcasts_of, expect_same, mismatch
+from .program import FnSig, NameInfo
+from .type_syntax import resolve_type
+
+
+def check_body(checker: Checker, fn: FnSig) -> None:
+    block_clauses = fn.block.where if fn.block else []
+    ctx = BodyContext(checker, fn, fn.facts, broadcasts_of(block_clauses + fn.where), [{}])
+    for name, t, span in fn.params:
+        ctx.bind(name, Local(t, False, span, "param"))
+    returned = _check_stmts(fn.node.body, ctx)
+    if not returned and not any(d.span and d.span.file == fn.node.span.file and
+                                _inside(d.span, fn.node.span) for d in checker.errors):
+        checker.errors.append(Diagnostic("E0311", f"function `{fn.name}` does not end with `return`",
+                                         fn.node.name_span,
+                                         (Note(f"it must return {fn.result}", fn.node.result.span),)))
+
+
+def _check_stmts(stmts: list[ast.Stmt], ctx: BodyContext) -> bool:
+    """Check a statement list; True when it always returns."""
+    for i, stmt in enumerate(stmts):
+        try:
+            returned = _STATEMENT_CHECKS[type(stmt)](stmt, ctx)
+        except Failure as failure:
+            ctx.checker.record(failure)
+            _poison(stmt, ctx)
+            returned = isinstance(stmt, ast.Return)
+        if returned:
+            if i + 1 < len(stmts):
+                ctx.checker.errors.append(Diagnostic("E0312", "unreachable statement after `return`",
+                                                     stmts[i + 1].span))
+            return True
+    return False
+
+
+def _poison(stmt: ast.Stmt, ctx: BodyContext) -> None:
+    """Bind what a failed statement would have bound to the error type."""
+    if isinstance(stmt, ast.Let):
+        ctx.bind(stmt.name, Local(ErrorT(), stmt.mutable, stmt.name_span))
+    elif isinstance(stmt, ast.StaticFor) and stmt.collect is not None:
+        ctx.bind(stmt.collect.into, Local(ErrorT(), False, stmt.collect.into_span))
+
+
+def _check_let(stmt: ast.Let, ctx: BodyContext) -> bool:
+    if ctx.lookup(stmt.name) is not None and stmt.name in ctx.locals[-1]:
+        fail("E0105", f"`{stmt.name}` is already bound in this scope", stmt.name_span,
+             Note("first bound here", ctx.lookup(stmt.name).span))
+    t = check_expr(stmt.value, ctx)
+    if stmt.annotation is not None:
+        declared = resolve_type(stmt.annotation, ctx.sig.scope)
+        expect_same(declared, t, ctx.facts, stmt.value.span, f"the annotation of `{stmt.name}`",
+                    stmt.annotation.span)
+        t = declared
+    if isinstance(t, (SubT, SubArrayT, NoneT, SomeT)):
+        # Options exist only as parameters, decided per call; a local cannot hold one
+        # (`if let` would then have nothing to test).
+        fail("E0332", f"`{stmt.name}` cannot hold {t}; locals hold tensors, dims and lists", stmt.value.span)
+    ctx.bind(stmt.name, Local(t, stmt.mutable, stmt.name_span, "var" if stmt.mutable else "let"))
+    return False
+
+
+def _check_assign(stmt: ast.Assign, ctx: BodyContext) -> bool:
+    local = ctx.lookup(stmt.name)
+    block = ctx.sig.block
+    if local is None and block is not None and (stmt.name in block.params or stmt.name in block.subs):
+        what = "param" if stmt.name in block.params else "sub"
+        fail("E0313", f"cannot assign to `{stmt.name}`: it is a {what} of block `{block.name}`, "
+             "which functions only read", stmt.name_span,
+             Note("declared here", (block.params.get(stmt.name) or block.subs[stmt.name])[1]))
+    if local is None:
+        fail("E0201", f"cannot assign to unknown variable `{stmt.name}`", stmt.name_span,
+             Note("declare it first with `var`"))
+    if not local.mutable:
+        # Say what the name is: a parameter or a loop variable was never a `let`.
+        what = {"param": "it is a parameter of the function",
+                "loop": "it is the variable of a `static for`",
+                "some": "it is bound by `if let some(...)`"}.get(local.kind, "it was bound with `let`")
+        fail("E0313", f"cannot assign to `{stmt.name}`: {what}", stmt.name_span,
+             Note("declare it with `var` to reassign it" if local.kind == "let"
+                  else "only names declared with `var` can be reassigned", local.span))
+    t = check_expr(stmt.value, ctx)
+    expect_same(local.type, t, ctx.facts, stmt.value.span, f"variable `{stmt.name}`", local.span)
+    return False
+
+
+def _check_return(stmt: ast.Return, ctx: BodyContext) -> bool:
+    t = check_expr(stmt.value, ctx)
+    expect_same(ctx.sig.result, t, ctx.facts, stmt.value.span, f"the result of `{ctx.sig.name}`",
+                ctx.sig.node.result.span)
+    return True
+
+
+def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
+    collect = stmt.collect
+    if collect is not None and collect.into in ctx.locals[-1]:
+        fail("E0105", f"`{collect.into}` is already bound in this scope", collect.into_span,
+             Note("first bound here", ctx.locals[-1][collect.into].span))
+    block = ctx.sig.block
+    member = block.subs.get(stmt.iterable) if block else None
+    if member is None and block is not None and f"{block.key}#{stmt.iterable}" in ctx.checker.broken:
+        silent()
+    if member is None or not isinstance(member[0], SubArrayT):
+        fail("E0314", f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
+             stmt.iterable_span)
+    # What is collected is looked up before the body's scope opens: a var of the code
+    # around the loop, whose type every pass keeps.
+    collected: Type = ErrorT()
+    if collect is not None:
+        try:
+            collected = _collected_type(stmt, ctx)
+        except Failure as failure:  # reported; the body is still checked
+            ctx.checker.record(failure)
+    element = member[0].element
+    ctx.locals.append({stmt.var: Local(SubT(element.block, element.bindings, stmt.var), False,
+                                       stmt.var_span or stmt.span, "loop")})
+    try:
+        _check_stmts(stmt.body, ctx)
+    finally:
+        ctx.locals.pop()
+    # Any `return` in the body, also one inside an `if let` that returns on one branch only,
+    # and pointed at itself rather than at the whole loop.
+    ret = _first_return(stmt.body)
+    if ret is not None:
+        ctx.checker.errors.append(Diagnostic(
+            "E0315", "`return` inside `static for` is not allowed", ret.span,
+            (Note("the loop is unrolled over the sub-block array; return after it", stmt.iterable_span),)))
+    if collect is not None:
+        _bind_collection(stmt, member[0].count, collected, ctx)
+    return False
+
+
+def _collected_type(stmt: ast.StaticFor, ctx: BodyContext) -> Type:
+    """The type of the var that `collect x` names: a tensor `var` declared before the loop."""
+    name = stmt.collect.var
+    local = ctx.lookup(name.name)
+    how = "`collect` takes a `var` declared before the loop, which the loop reassigns"
+    if local is None and name.name == stmt.var:
+        fail("E0318", f"`collect {name.name}`: `{name.name}` is this loop's sub-block, not a value",
+             name.span, Note(how))
+    if local is None:
+        inner = _declared_in(stmt.body, name.name)
+        if inner is not None:
+            fail("E0318", f"`collect {name.name}`: `{name.name}` is declared inside the loop, so it does not "
+                 "exist before the first pass", name.span, Note("declared here", inner), Note(how))
+        check_name(name, ctx)  # an unknown name fails here, with a suggestion
+        block = ctx.sig.block
+        what = ("a param of block" if block and name.name in block.params else
+                "a sub-block of block" if block and name.name in block.subs else None)
+        what = f"{what} `{block.name}`" if what else "not a local variable"
+        fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}", name.span, Note(how))
+    if isinstance(local.type, ErrorT):
+        silent()
+    if not local.mutable:
+        what = {"param": "a parameter of the function", "loop": "the variable of a `static for`",
+                "some": "bound by `if let some(...)`"}.get(local.kind, "bound with `let`")
+        fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}, so it would be the same value "
+             "in every pass", name.span, Note("declared here", local.span), Note(how))
+    t = local.type
+    if not isinstance(t, TensorT):
+        fail("E0318", f"`collect {name.name}`: only tensors are collected, and `{name.name}` is {t}",
+             name.span, Note("declared here", local.span))
+    if t.weak:
+        fail("E0318", f"`collect {name.name}`: `{name.name}` is a literal scalar without a dtype of its own",
+             name.span, Note("declared here", local.span),
+             Note(f"give it one where it is declared, e.g. `var {name.name} = cast<f32>(...)`"))
+    ctx.checker.names[id(name)] = NameInfo("local", name.name)
+    ctx.checker.types[id(name)] = t
+    return t
+
+
+def _bind_collection(stmt: ast.StaticFor, count: DimExpr, collected: Type, ctx: BodyContext) -> None:
+    """Bind `let into = ... collect x`: x before the loop and after each of `count` passes."""
+    collect = stmt.collect
+    t: Type = ErrorT() if isinstance(collected, ErrorT) else TensorT((count + const(1),) + collected.dims,
+                                                                      collected.dtype)
+    if collect.annotation is not None:
+        declared = resolve_type(collect.annotation, ctx.sig.scope)
+        end = collect.var.span
+        header = Span(end.file, stmt.span.line, stmt.span.col, end.end_line, end.end_col)  # `let ... collect x`
+        ctx.bind(collect.into, Local(declared, False, collect.into_span))
+        reason = mismatch(declared, t, ctx.facts)
+        if reason:
+            x = collect.var.name
+            fail("E0307", f"the annotation of `{collect.into}` is {declared}, found {t}", header, Note(reason),
+                 Note(f"`collect {x}` gathers `{x}` as the loop starts and after each of its {count} passes: "
+                      f"{count + const(1)} values"),
+                 Note("declared here", collect.annotation.span))
+        return
+    ctx.bind(collect.into, Local(t, False, collect.into_span))
+
+
+def _check_if_some(stmt: ast.IfSome, ctx: BodyContext) -> bool:
+    t = check_expr(stmt.option, ctx)
+    if isinstance(t, ErrorT):
+        t = OptionT(ErrorT())  # already reported; still check both branches
+    if not isinstance(t, OptionT):
+        fail("E0316", f"`if let some(...)` needs an Option, but `{stmt.option.name}` is {t}", stmt.option.span)
+    ctx.locals.append({stmt.binding: Local(t.inner, False, stmt.binding_span or stmt.span, "some")})
+    try:
+        then_returns = _check_stmts(stmt.then_body, ctx)
+    finally:
+        ctx.locals.pop()
+    ctx.locals.append({})
+    try:
+        else_returns = _check_stmts(stmt.else_body, ctx)
+    finally:
+        ctx.locals.pop()
+    return then_returns and else_returns
+
+
+_STATEMENT_CHECKS = {
+    ast.Let: _check_let,
+    ast.Assign: _check_assign,
+    ast.Return: _check_return,
+    ast.StaticFor: _check_static_for,
+    ast.IfSome: _check_if_some,
+}
+
+
+def _declared_in(stmts: list[ast.Stmt], name: str) -> Span | None:
+    """Where `name` is bound by a `let`/`var` somewhere in `stmts` (nested bodies included)."""
+    for stmt in stmts:
+        if isinstance(stmt, ast.Let) and stmt.name == name:
+            return stmt.name_span
+        if isinstance(stmt, ast.StaticFor) and stmt.collect is not None and stmt.collect.into == name:
+            return stmt.collect.into_span
+        for inner in (getattr(stmt, "body", None), getattr(stmt, "then_body", None),
+                      getattr(stmt, "else_body", None)):
+            found = _declared_in(inner, name) if inner else None
+            if found:
+                return found
+    return None
+
+
+def _first_return(stmts: list[ast.Stmt]) -> ast.Return | None:
+    for stmt in stmts:
+        if isinstance(stmt, ast.Return):
+            return stmt
+        for inner in (getattr(stmt, "body", None), getattr(stmt, "then_body", None),
+                      getattr(stmt, "else_body", None)):
+            found = _first_return(inner) if inner else None
+            if found:
+                return found
+    return None
+
+
+def _inside(inner: Span, outer: Span) -> bool:
+    return (outer.line, outer.col) <= (inner.line, inner.col) <= (outer.end_line, outer.end_col)
