@@ -2,9 +2,8 @@
 
 * The registry refuses, at import, two records with one code or one slug, and a record not
   bound to the constant its slug names; a `Diagnostic` refuses a code it does not hold.
-* No module outside the registry writes a code as a bare string literal (the modules in
-  `NOT_YET_CONVERTED` excepted, until /work/wt/convert_codes.py has been run on them), and
-  every `codes.NAME` a module uses exists.
+* No module outside the registry writes a code as a bare string literal, and every
+  `codes.NAME` a module uses exists.
 * Every registered code is raised somewhere, unless it is marked `reserved` with a reason,
   and a reserved one is raised nowhere.
 """
@@ -27,20 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "linnet"
 REGISTRY = PACKAGE / "codes.py"
 
-#: Modules that still spell codes as string literals: check.py is being split into the
-#: package linnet/check/ elsewhere, and is converted after that merge.  Empty this then.
-NOT_YET_CONVERTED = ("linnet/check.py", "linnet/check/")
-
 _CODE = re.compile(r"E\d{4}")
 
 
 def _sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if p != REGISTRY)
-
-
-def _unconverted(path: Path) -> bool:
-    relative = path.relative_to(REPO).as_posix()
-    return any(relative == skip or (skip.endswith("/") and relative.startswith(skip)) for skip in NOT_YET_CONVERTED)
 
 
 def _literal_codes(path: Path) -> list[tuple[int, str]]:
@@ -75,15 +65,8 @@ def _raised_codes() -> dict[str, list[str]]:
 
 def test_no_module_spells_a_code_as_a_literal():
     bare = [f"{path.relative_to(REPO).as_posix()}:{line}: \"{code}\""
-            for path in _sources() if not _unconverted(path) for line, code in _literal_codes(path)]
+            for path in _sources() for line, code in _literal_codes(path)]
     assert not bare, "write codes.<NAME> from linnet/codes.py instead of a literal code:\n" + "\n".join(bare)
-
-
-def test_the_literal_codes_left_in_unconverted_modules_are_registered():
-    unknown = [f"{path.relative_to(REPO).as_posix()}:{line}: {code}"
-               for path in _sources() if _unconverted(path) for line, code in _literal_codes(path)
-               if code not in codes.BY_CODE]
-    assert not unknown, "codes raised but not registered in linnet/codes.py:\n" + "\n".join(unknown)
 
 
 def test_every_registry_name_a_module_uses_exists():

@@ -14,6 +14,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, NoReturn
 
+from .. import codes
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span
 from ..dims import Facts
 from ..resolve import ModuleInfo, Program
@@ -33,7 +34,7 @@ def silent() -> NoReturn:
     raise Failure(None)
 
 
-def fail(code: str, message: str, span: Span | None, *notes: Note) -> NoReturn:
+def fail(code: codes.ErrorCode, message: str, span: Span | None, *notes: Note) -> NoReturn:
     raise Failure(Diagnostic(code, message, span, tuple(notes)))
 
 

@@ -5,6 +5,7 @@ call inlined), so each cycle is one error, at the edge that closes it.
 """
 from __future__ import annotations
 
+from .. import codes
 from ..diagnostics import Diagnostic, Note, Span
 from ..types import SubArrayT
 from .core import Checker
@@ -17,7 +18,8 @@ def check_sub_cycles(checker: Checker) -> None:
     for key, path in _cycles(edges):
         names = " -> ".join(k.split("::")[-1] for k in path)
         checker.errors.append(Diagnostic(
-            "E0211", f"block `{key.split('::')[-1]}` contains itself through its subs: {names}", path.span,
+            codes.RECURSIVE_BLOCK,
+            f"block `{key.split('::')[-1]}` contains itself through its subs: {names}", path.span,
             (Note("a block's sub-blocks must form a tree; this one would never end"),)))
 
 
@@ -26,7 +28,7 @@ def check_call_cycles(checker: Checker) -> None:
     for key, path in _cycles(checker.call_edges):
         names = " -> ".join(k.split("::")[-1] for k in path)
         checker.errors.append(Diagnostic(
-            "E0317", f"`{key.split('::')[-1]}` calls itself: {names}", path.span,
+            codes.RECURSIVE_CALL, f"`{key.split('::')[-1]}` calls itself: {names}", path.span,
             (Note("Linnet inlines every call, so recursion would never end"),)))
 
 

@@ -7,7 +7,7 @@ silently rather than repeat the error.
 """
 from __future__ import annotations
 
-from .. import ast
+from .. import ast, codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
 from ..resolve import ModuleInfo
@@ -52,18 +52,19 @@ def _collect_headers(checker: Checker, module: ModuleInfo) -> None:
 def _check_const(checker: Checker, module: ModuleInfo, node: ast.Const) -> None:
     dtype = node.type.name
     if dtype not in ALL_DTYPES:
-        fail("E0203", f"unknown dtype `{dtype}` for constant `{node.name}`", node.type.span,
+        fail(codes.UNKNOWN_DTYPE, f"unknown dtype `{dtype}` for constant `{node.name}`", node.type.span,
              Note(f"dtypes are {', '.join(ALL_DTYPES)}"))
     value = node.value
     if isinstance(value, ast.Unary):
-        fail("E0331", "a constant must be a number literal", value.span)
+        fail(codes.CONSTANT_NOT_LITERAL, "a constant must be a number literal", value.span)
     if isinstance(value, ast.FloatLit) and not is_float(dtype):
-        fail("E0330", f"constant `{node.name}` is declared {dtype} but its value {value.text} is a float",
+        fail(codes.DTYPE_MISMATCH, f"constant `{node.name}` is declared {dtype} but its value {value.text} is a float",
              value.span)
     low, high = number_range(dtype)
     if isinstance(value, ast.IntLit) and not low <= value.value <= high:
         shown = value.value if len(str(value.value)) <= 30 else str(value.value)[:12] + "..."
-        fail("E0330", f"constant `{node.name}` is declared {dtype}, which holds [{low:g}, {high:g}], but its "
+        fail(codes.DTYPE_MISMATCH,
+             f"constant `{node.name}` is declared {dtype}, which holds [{low:g}, {high:g}], but its "
              f"value is {shown}", value.span)
     checker.consts[item_key(module, node.name)] = (value.value, dtype)
 
@@ -73,13 +74,14 @@ def _generic_infos(params: list[ast.GenericParam], outer: dict[str, GenericInfo]
     seen = dict(outer)
     for p in params:
         if p.kind not in GENERIC_KINDS:
-            fail("E0204", f"unknown generic kind `{p.kind}` for `{p.name}`", p.span,
+            fail(codes.BAD_GENERIC_KIND, f"unknown generic kind `{p.kind}` for `{p.name}`", p.span,
                  Note(f"kinds are {', '.join(GENERIC_KINDS)}"))
         if p.variadic != (p.kind == SHAPE_KIND):
-            fail("E0204", f"`{p.name}`: a `Shape` generic is written `*{p.name}: Shape`, and only it is variadic",
+            fail(codes.BAD_GENERIC_KIND,
+                 f"`{p.name}`: a `Shape` generic is written `*{p.name}: Shape`, and only it is variadic",
                  p.span)
         if p.name in seen:
-            fail("E0105", f"generic `{p.name}` is declared twice", p.span,
+            fail(codes.DUPLICATE_NAME, f"generic `{p.name}` is declared twice", p.span,
                  Note("first declared here", seen[p.name].span))
         default = _generic_default(p, seen) if p.default is not None else None
         info = GenericInfo(p.name, p.kind, default, p.span)
@@ -93,7 +95,7 @@ def _generic_default(p: ast.GenericParam, scope: dict[str, GenericInfo]) -> Bind
         return resolve_dtype_arg(p.default, p.kind, scope, f"default of `{p.name}`")
     if p.kind == DIM_KIND:
         return resolve_dim(p.default, scope)
-    fail("E0204", "a Shape generic cannot have a default", p.span)
+    fail(codes.BAD_GENERIC_KIND, "a Shape generic cannot have a default", p.span)
 
 
 def _collect_block_header(checker: Checker, module: ModuleInfo, node: ast.Block) -> None:
@@ -107,14 +109,14 @@ def _collect_block_header(checker: Checker, module: ModuleInfo, node: ast.Block)
             checker.broken.add(f"{block.key}.{fn_node.name}")
     block.where = [resolve_where(c, block.scope) for c in node.where]
     for clause in broadcasts_of(block.where):
-        fail("E0213", f"`{clause}` on block `{block.name}`: a `broadcasts to` clause belongs on the "
+        fail(codes.BROADCAST_ON_BLOCK, f"`{clause}` on block `{block.name}`: a `broadcasts to` clause belongs on the "
              "function whose parameters it describes", clause.span)
     block.facts = facts_of(block.where)
 
 
 def _collect_method(checker: Checker, block: BlockSig, node: ast.Function) -> None:
     if node.name in block.functions:
-        fail("E0105", f"`{node.name}` is defined twice in block `{block.name}`", node.name_span,
+        fail(codes.DUPLICATE_NAME, f"`{node.name}` is defined twice in block `{block.name}`", node.name_span,
              Note("first defined here", block.functions[node.name].node.name_span))
     generics = _generic_infos(node.generics, block.scope)
     fn = FnSig(f"{block.key}.{node.name}", node.name, node, block.module, block, generics,
@@ -125,7 +127,7 @@ def _collect_method(checker: Checker, block: BlockSig, node: ast.Function) -> No
 
 def _collect_free_fn(checker: Checker, module: ModuleInfo, node: ast.Function) -> None:
     if node.is_entry:
-        fail("E0206", "`entry` functions belong to a block; use `fn` at module level", node.name_span)
+        fail(codes.ENTRY_OUTSIDE_BLOCK, "`entry` functions belong to a block; use `fn` at module level", node.name_span)
     generics = _generic_infos(node.generics, {})
     fn = FnSig(item_key(module, node.name), node.name, node, module, None, generics,
                {g.name: g for g in generics})
@@ -148,7 +150,7 @@ def _check_block_members(checker: Checker, block: BlockSig) -> None:
 def _check_member_name(block: BlockSig, name: str, span: Span) -> None:
     if name in block.params or name in block.subs:
         first = (block.params.get(name) or block.subs[name])[1]
-        fail("E0105", f"`{name}` is declared twice in block `{block.name}`", span,
+        fail(codes.DUPLICATE_NAME, f"`{name}` is declared twice in block `{block.name}`", span,
              Note("first declared here", first))
 
 
@@ -156,7 +158,8 @@ def _check_param_decl(block: BlockSig, decl: ast.ParamDecl, scope) -> None:
     _check_member_name(block, decl.name, decl.span)
     t = resolve_type(decl.type, scope)
     if not isinstance(t, TensorT) or t.rank is None:
-        fail("E0207", f"param `{decl.name}` must be a tensor of fixed rank, found {t}", decl.type.span)
+        fail(codes.PARAM_NOT_FIXED_RANK,
+             f"param `{decl.name}` must be a tensor of fixed rank, found {t}", decl.type.span)
     block.params[decl.name] = (t, decl.span)
 
 
@@ -173,14 +176,14 @@ def _check_sub_decl(checker: Checker, block: BlockSig, decl: ast.SubDecl, scope)
 def _instantiate_ref(checker: Checker, block: BlockSig, ref: ast.BlockRef, member: str, scope) -> SubT:
     target = _lookup_item(checker, block.module, ref.name, ref.span)
     if not isinstance(target, BlockSig):
-        fail("E0208", f"`{ref.name}` is not a block; a `sub` needs a block such as Linear<D, D, T>", ref.span)
+        fail(codes.NOT_A_BLOCK, f"`{ref.name}` is not a block; a `sub` needs a block such as Linear<D, D, T>", ref.span)
     env = bind_explicit(target.generics, ref.args, scope, ref.span, f"block `{target.name}`", target.node.name_span)
     for g in target.generics:
         if g.name not in env and g.default is not None:
             env[g.name] = g.default
     missing = [g.name for g in target.generics if g.name not in env]
     if missing:
-        fail("E0304", f"block `{target.name}` needs {len(target.generics)} generic arguments, "
+        fail(codes.UNINFERRED_GENERIC, f"block `{target.name}` needs {len(target.generics)} generic arguments, "
              f"missing {', '.join(missing)}", ref.span,
              Note(f"`{target.name}` is declared here", target.node.name_span))
     # A block's `where` holds no `broadcasts to` clause (E0213), so there are none to pass.
@@ -191,7 +194,7 @@ def _instantiate_ref(checker: Checker, block: BlockSig, ref: ast.BlockRef, membe
 def _lookup_item(checker: Checker, module: ModuleInfo, name: str, span: Span):
     entry = module.scope.get(name)
     if entry is None:
-        fail("E0201", f"unknown name `{name}`", span, *suggest(name, list(module.scope)))
+        fail(codes.UNKNOWN_NAME, f"unknown name `{name}`", span, *suggest(name, list(module.scope)))
     owner, item = entry
     key = item_key(owner, name)
     if isinstance(item, ast.Block):
@@ -214,13 +217,15 @@ def _check_signature(checker: Checker, fn: FnSig) -> None:
     seen: dict[str, Span] = {}
     for p in node.params:
         if p.name in seen:
-            fail("E0105", f"parameter `{p.name}` is declared twice", p.span, Note("first here", seen[p.name]))
+            fail(codes.DUPLICATE_NAME,
+                 f"parameter `{p.name}` is declared twice", p.span, Note("first here", seen[p.name]))
         seen[p.name] = p.span
         fn.params.append((p.name, resolve_type(p.type, fn.scope), p.span))
         if p.default is not None:
             fn.defaults[p.name] = _param_default(fn, p, fn.params[-1][1])
     if node.result is None:
-        fail("E0209", f"function `{fn.name}` must declare its result type with `-> ...`", node.name_span)
+        fail(codes.MISSING_RESULT_TYPE,
+             f"function `{fn.name}` must declare its result type with `-> ...`", node.name_span)
     fn.result = resolve_type(node.result, fn.scope)
     if fn.is_entry:
         _check_entry_signature(fn)
@@ -230,13 +235,14 @@ def _check_signature(checker: Checker, fn: FnSig) -> None:
 def _param_default(fn: FnSig, p: ast.Param, t: Type) -> int:
     """`= zeros` / `= ones`: only on entries (what Python callers may omit), only on tensors."""
     if p.default not in PARAM_DEFAULTS:
-        fail("E0212", f"unknown default `{p.default}` for parameter `{p.name}`", p.span,
+        fail(codes.BAD_PARAM_DEFAULT, f"unknown default `{p.default}` for parameter `{p.name}`", p.span,
              Note("a parameter may default to `zeros` or `ones` (a tensor of its type filled with 0 or 1)"))
     if not fn.is_entry:
-        fail("E0212", f"parameter `{p.name}` of `{fn.name}` has a default, but only entry parameters may",
+        fail(codes.BAD_PARAM_DEFAULT,
+             f"parameter `{p.name}` of `{fn.name}` has a default, but only entry parameters may",
              p.span, Note("calls inside Linnet pass every argument; defaults are for the model's users"))
     if not isinstance(t, TensorT):
-        fail("E0212", f"parameter `{p.name}`: `= {p.default}` needs a tensor type, found {t}", p.span)
+        fail(codes.BAD_PARAM_DEFAULT, f"parameter `{p.name}`: `= {p.default}` needs a tensor type, found {t}", p.span)
     return PARAM_DEFAULTS[p.default]
 
 
@@ -244,16 +250,16 @@ def _check_entry_signature(fn: FnSig) -> None:
     """Entries are what users call: inputs of fixed rank whose dims name every free dim."""
     for g in fn.generics:
         if g.kind != DIM_KIND:
-            fail("E0210", f"entry `{fn.name}` may only have Dim generics (read from its inputs); "
+            fail(codes.BAD_ENTRY_SIGNATURE, f"entry `{fn.name}` may only have Dim generics (read from its inputs); "
                  f"`{g.name}` is {g.kind}", g.span)
     readable: set[str] = set()
     for name, t, span in fn.params:
         if not isinstance(t, TensorT) or t.rank is None:
-            fail("E0210", f"entry parameter `{name}` must be a tensor of fixed rank, found {t}", span)
+            fail(codes.BAD_ENTRY_SIGNATURE, f"entry parameter `{name}` must be a tensor of fixed rank, found {t}", span)
         if name in fn.defaults:
             continue  # a left-out input cannot tell its dims
         readable |= {symbol_name(d) for d in t.dims if isinstance(d, DimExpr) and symbol_name(d)}
     for g in fn.generics:
         if g.name not in readable:
-            fail("E0210", f"entry `{fn.name}`: dim `{g.name}` must be the whole of some input axis "
+            fail(codes.BAD_ENTRY_SIGNATURE, f"entry `{fn.name}`: dim `{g.name}` must be the whole of some input axis "
                  "without a default, so it can be read from the inputs", g.span)

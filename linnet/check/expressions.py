@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from .. import ast
+from .. import ast, codes
 from ..diagnostics import Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from ..prims import PRIMS, PrimCall
@@ -44,7 +44,8 @@ def _check_list_lit(node: ast.ListLit, ctx: BodyContext) -> Type:
         if isinstance(t, ErrorT):
             return t
         if not isinstance(t, DimT):
-            fail("E0333", f"list literals hold integers and dims (shapes, permutations); found {t}", item.span)
+            fail(codes.BAD_LIST_ITEM,
+                 f"list literals hold integers and dims (shapes, permutations); found {t}", item.span)
         items.append(t.expr)
     return ListT(tuple(items))
 
@@ -68,7 +69,7 @@ def check_name(node: ast.Name, ctx: BodyContext) -> Type:
     generic = ctx.sig.scope.get(node.name)
     if generic is not None:
         if generic.kind != DIM_KIND:
-            fail("E0334", f"`{node.name}` is a {generic.kind} generic, not a value", node.span)
+            fail(codes.NOT_A_VALUE, f"`{node.name}` is a {generic.kind} generic, not a value", node.span)
         checker.names[id(node)] = NameInfo("dim", node.name)
         return DimT(sym(node.name))
     item = ctx.sig.module.scope.get(node.name)
@@ -85,9 +86,9 @@ def check_name(node: ast.Name, ctx: BodyContext) -> Type:
         kind = "function" if isinstance(item[1], ast.Function) else "block"
         how = f"call it: `{node.name}(...)`" if kind == "function" else \
             f"declare it with `sub name: {node.name}<...>` and call its functions"
-        fail("E0334", f"`{node.name}` is a {kind}, not a value; {how}", node.span,
+        fail(codes.NOT_A_VALUE, f"`{node.name}` is a {kind}, not a value; {how}", node.span,
              Note(f"`{node.name}` is declared here", item[1].name_span))
-    fail("E0201", f"unknown name `{node.name}`", node.span, *suggest(node.name, _visible(ctx)))
+    fail(codes.UNKNOWN_NAME, f"unknown name `{node.name}`", node.span, *suggest(node.name, _visible(ctx)))
 
 
 def _visible(ctx: BodyContext) -> list[str]:
@@ -103,7 +104,7 @@ def _check_unary(node: ast.Unary, ctx: BodyContext) -> Type:
         return DimT(const(0) - t.expr)
     if isinstance(t, (TensorT, ErrorT)):
         return t
-    fail("E0320", f"cannot negate {t}", node.span)
+    fail(codes.BAD_OPERAND, f"cannot negate {t}", node.span)
 
 
 def _check_binary(node: ast.Binary, ctx: BodyContext) -> Type:
@@ -114,9 +115,9 @@ def _check_binary(node: ast.Binary, ctx: BodyContext) -> Type:
         try:
             return DimT(OPS_ON_DIMS[node.op](left.expr, right.expr))
         except DimError as exc:
-            fail("E0335", f"invalid dim arithmetic: {exc}", node.span)
+            fail(codes.BAD_DIM_EXPRESSION, f"invalid dim arithmetic: {exc}", node.span)
     if node.op == "%":
-        fail("E0320", "`%` applies to dims only", node.span)
+        fail(codes.BAD_OPERAND, "`%` applies to dims only", node.span)
     a = _as_tensor(left, node.left.span, node.op)
     b = _as_tensor(right, node.right.span, node.op)
     return broadcast(a, b, node.span, ctx)
@@ -128,8 +129,9 @@ def _as_tensor(t: Type, span: Span, op: str) -> TensorT:
     if isinstance(t, DimT) and t.expr.as_int() is not None:
         return scalar(WEAK_INT, weak=True)  # an integer literal: takes the other side's dtype
     if isinstance(t, DimT):
-        fail("E0336", f"the dim `{t.expr}` is not a tensor; use cast<T>({t.expr}) to use it in `{op}`", span)
-    fail("E0320", f"`{op}` needs tensors, found {t}", span)
+        fail(codes.DIM_AS_TENSOR,
+             f"the dim `{t.expr}` is not a tensor; use cast<T>({t.expr}) to use it in `{op}`", span)
+    fail(codes.BAD_OPERAND, f"`{op}` needs tensors, found {t}", span)
 
 
 # ---------------------------------------------------------------------- indexing
@@ -140,9 +142,9 @@ def _check_index(node: ast.Index, ctx: BodyContext) -> Type:
     if isinstance(target, ErrorT):
         return target
     if not isinstance(target, TensorT) or target.rank is None:
-        fail("E0322", f"only tensors of known rank can be indexed, found {target}", node.target.span)
+        fail(codes.BAD_INDEX, f"only tensors of known rank can be indexed, found {target}", node.target.span)
     if len(node.items) > target.rank:
-        fail("E0322", f"{len(node.items)} indices for {target}, which has rank {target.rank}", node.span)
+        fail(codes.BAD_INDEX, f"{len(node.items)} indices for {target}, which has rank {target.rank}", node.span)
     dims = []
     for item, dim in zip(node.items, target.dims):
         if isinstance(item, ast.Slice):
@@ -156,7 +158,7 @@ def _check_index(node: ast.Index, ctx: BodyContext) -> Type:
 def _static_dim(node: ast.Expr, ctx: BodyContext) -> DimExpr:
     t = check_expr(node, ctx)
     if not isinstance(t, DimT):
-        fail("E0322", f"indices and slice bounds are integers or dims, found {t}", node.span)
+        fail(codes.BAD_INDEX, f"indices and slice bounds are integers or dims, found {t}", node.span)
     return t.expr
 
 
@@ -165,7 +167,7 @@ def _check_index_value(node: ast.Expr, dim: DimExpr, ctx: BodyContext) -> None:
     value = index.as_int()
     bound = index + dim if value is not None and value < 0 else index
     if ctx.facts.decide(bound, "<", dim) is False or ctx.facts.decide(bound, ">=", const(0)) is False:
-        fail("E0326", f"index {index} is out of bounds for a dim of size {dim}", node.span)
+        fail(codes.INDEX_OUT_OF_BOUNDS, f"index {index} is out of bounds for a dim of size {dim}", node.span)
 
 
 def _slice_dim(node: ast.Slice, dim: DimExpr, ctx: BodyContext) -> DimExpr:
@@ -178,7 +180,7 @@ def _slice_dim(node: ast.Slice, dim: DimExpr, ctx: BodyContext) -> DimExpr:
     if (ctx.facts.decide(lo, "<", const(0)) or ctx.facts.decide(hi, ">", dim)
             or ctx.facts.decide(lo, ">", hi)):
         written = f"{start if node.start is not None else ''}:{stop if node.stop is not None else ''}"
-        fail("E0326", f"slice {written} does not fit a dim of size {dim}", node.span,
+        fail(codes.INDEX_OUT_OF_BOUNDS, f"slice {written} does not fit a dim of size {dim}", node.span,
              Note(f"a slice a:b needs 0 <= a <= b <= {dim} (negative bounds count from the end)"))
     return hi - lo
 
@@ -190,7 +192,7 @@ def _check_call(node: ast.Call, ctx: BodyContext) -> Type:
     checker = ctx.checker
     if node.name == "some":
         if len(node.args) != 1 or node.generic_args:
-            fail("E0301", "`some` takes exactly one value", node.span)
+            fail(codes.ARGUMENT_COUNT, "`some` takes exactly one value", node.span)
         inner = check_expr(node.args[0], ctx)
         return inner if isinstance(inner, ErrorT) else SomeT(inner)
     block = ctx.sig.block
@@ -207,14 +209,14 @@ def _check_call(node: ast.Call, ctx: BodyContext) -> Type:
             return ErrorT()
         return _call_fn(node, callee, {}, ctx, CallInfo("fn", callee.key, ()))
     if item is not None and isinstance(item[1], ast.Block):
-        fail("E0208", f"`{node.name}` is a block: declare it with `sub name: {node.name}<...>` and call "
+        fail(codes.NOT_A_BLOCK, f"`{node.name}` is a block: declare it with `sub name: {node.name}<...>` and call "
              "its functions", node.name_span, Note(f"`{node.name}` is declared here", item[1].name_span))
     if node.name in PRIMS:
         return _call_prim(node, ctx)
     candidates = list(PRIMS) + [n for n, (_, i) in ctx.sig.module.scope.items() if isinstance(i, ast.Function)]
     if block is not None:
         candidates += list(block.functions)
-    fail("E0202", f"unknown function `{node.name}`", node.name_span, *suggest(node.name, candidates))
+    fail(codes.UNKNOWN_FUNCTION, f"unknown function `{node.name}`", node.name_span, *suggest(node.name, candidates))
 
 
 def _check_method_call(node: ast.MethodCall, ctx: BodyContext) -> Type:
@@ -222,22 +224,22 @@ def _check_method_call(node: ast.MethodCall, ctx: BodyContext) -> Type:
     if isinstance(receiver, ErrorT):
         return receiver
     if isinstance(receiver, SubArrayT):
-        fail("E0314", f"`{node.receiver.name}` is an array of sub-blocks; run over it with "
+        fail(codes.NOT_A_SUB_ARRAY, f"`{node.receiver.name}` is an array of sub-blocks; run over it with "
              f"`static for x in {node.receiver.name} {{ ... }}`", node.receiver.span)
     if not isinstance(receiver, SubT):
-        fail("E0337", f"`{node.receiver.name}` is {receiver}, not a sub-block with functions",
+        fail(codes.NOT_A_SUB_BLOCK, f"`{node.receiver.name}` is {receiver}, not a sub-block with functions",
              node.receiver.span)
     target = ctx.checker.blocks[receiver.block]
     callee = target.functions.get(node.method)
     if callee is None and f"{target.key}.{node.method}" in ctx.checker.broken:
         silent()
     if callee is None:
-        fail("E0202", f"block `{target.name}` has no function `{node.method}`", node.name_span,
+        fail(codes.UNKNOWN_FUNCTION, f"block `{target.name}` has no function `{node.method}`", node.name_span,
              *(suggest(node.method, list(target.functions)) or
                (Note(f"`{target.name}` has: {', '.join(target.functions) or 'no functions'}",
                      target.node.name_span),)))
     if not callee.node.public and target.module is not ctx.sig.module:
-        fail("E0106", f"`{target.name}.{node.method}` is private to module `{target.module.name}`",
+        fail(codes.PRIVATE_ITEM, f"`{target.name}.{node.method}` is private to module `{target.module.name}`",
              node.name_span, Note("declared here without `pub`", callee.node.name_span))
     info = CallInfo("sub", callee.key, (), receiver.path)
     return _call_fn(node, callee, dict(receiver.bindings), ctx, info)
@@ -254,7 +256,7 @@ def _call_fn(node, callee: FnSig, env: dict, ctx: BodyContext, info: CallInfo) -
     env.update(bind_explicit(callee.generics, generic_args, ctx.sig.scope, node.span,
                              f"`{callee.name}`", callee.node.name_span))
     if len(node.args) != len(callee.params):
-        fail("E0301", f"`{callee.name}` takes {len(callee.params)} argument"
+        fail(codes.ARGUMENT_COUNT, f"`{callee.name}` takes {len(callee.params)} argument"
              f"{'s' if len(callee.params) != 1 else ''}, found {len(node.args)}", node.span,
              Note(f"declared as {callee.signature()}", callee.node.name_span))
     arg_types = [check_expr(a, ctx) for a in node.args]
@@ -268,7 +270,7 @@ def _call_fn(node, callee: FnSig, env: dict, ctx: BodyContext, info: CallInfo) -
         discharge(callee.where, env, ctx.facts, ctx.broadcasts, node.span, f"calling `{callee.name}`")
         result = substitute(callee.result, env)
     except DimError as exc:  # the bindings make a dim of the signature divide by 0
-        fail("E0335", f"calling `{callee.name}`: invalid dim arithmetic ({exc})", node.span,
+        fail(codes.BAD_DIM_EXPRESSION, f"calling `{callee.name}`: invalid dim arithmetic ({exc})", node.span,
              Note(f"with {', '.join(f'{k} = {format_binding(v)}' for k, v in env.items())}"),
              Note(f"`{callee.name}` is declared as {callee.signature()}", callee.node.name_span))
     ctx.checker.call_edges.setdefault(ctx.sig.key, []).append((callee.key, node.span))
@@ -280,13 +282,13 @@ def _call_prim(node: ast.Call, ctx: BodyContext) -> Type:
     prim = PRIMS[node.name]
     if len(node.generic_args) != prim.dtype_generics:
         n = prim.dtype_generics
-        fail("E0303", f"`{prim.name}` takes {n} generic argument{'s' if n != 1 else ''}, "
+        fail(codes.GENERIC_ARGUMENT_COUNT, f"`{prim.name}` takes {n} generic argument{'s' if n != 1 else ''}, "
              f"found {len(node.generic_args)}", node.span, Note(f"signature: {prim.signature}"))
     dtypes = [resolve_dtype_arg(a, "DType", ctx.sig.scope, f"generic argument of `{prim.name}`")
               for a in node.generic_args]
     if len(node.args) not in prim.arity:
         plural = "" if prim.arity == (1,) else "s"
-        fail("E0301", f"`{prim.name}` takes {' or '.join(map(str, prim.arity))} argument{plural}, "
+        fail(codes.ARGUMENT_COUNT, f"`{prim.name}` takes {' or '.join(map(str, prim.arity))} argument{plural}, "
              f"found {len(node.args)}", node.span, Note(f"signature: {prim.signature}"))
     arg_types = [check_expr(a, ctx) for a in node.args]
     if any(isinstance(t, ErrorT) for t in arg_types):

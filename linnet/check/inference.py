@@ -7,6 +7,7 @@ except a generic only an absent Option argument (`none`) mentions.
 """
 from __future__ import annotations
 
+from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr, sym
 from ..types import (DIM_KIND, DTYPE_KINDS, SHAPE_KIND, Binding, DTypeVar, NoneT, OptionT, SomeT, TensorT, Type,
@@ -23,7 +24,8 @@ def bind_explicit(generics: list[GenericInfo], args: list, scope, span: Span, wh
         n = len(generics)
         # Only the extra arguments are wrong; `decl` points at the declaration for the list.
         shown = ", ".join(("*" if g.kind == SHAPE_KIND else "") + g.name for g in generics)
-        fail("E0303", f"{what} takes {n} generic argument{'s' if n != 1 else ''}, found {len(args)}", span,
+        fail(codes.GENERIC_ARGUMENT_COUNT,
+             f"{what} takes {n} generic argument{'s' if n != 1 else ''}, found {len(args)}", span,
              *((Note(f"declared with <{shown}>" if generics else "declared without generics", decl),)
                if decl else ()))
     env: dict[str, Binding] = {}
@@ -33,7 +35,8 @@ def bind_explicit(generics: list[GenericInfo], args: list, scope, span: Span, wh
         elif g.kind == DIM_KIND:
             env[g.name] = resolve_dim(arg, scope)
         else:
-            fail("E0303", f"the Shape generic `*{g.name}` of {what} is inferred, not passed", arg.span)
+            fail(codes.GENERIC_ARGUMENT_COUNT,
+                 f"the Shape generic `*{g.name}` of {what} is inferred, not passed", arg.span)
     return env
 
 
@@ -53,7 +56,7 @@ def fill_defaults(callee: FnSig, env: dict, node, arg_types=()) -> None:
         if g.name in env or (g.default is None and g.name in absent_only):
             continue  # only an Option passed `none` mentions it: there is nothing to infer from
         if g.default is None:
-            fail("E0304", f"cannot infer generic `{g.name}` of `{callee.name}`; pass it explicitly, "
+            fail(codes.UNINFERRED_GENERIC, f"cannot infer generic `{g.name}` of `{callee.name}`; pass it explicitly, "
                  f"e.g. {callee.name}<{', '.join(x.name for x in callee.generics)}>(...)", node.span,
                  Note(f"`{g.name}` is declared here", g.span))
         env[g.name] = g.default
@@ -81,7 +84,7 @@ def _unify(pattern: Type, actual: Type, own, env, span, callee) -> None:
             # `gelu_erf` of i32 ids would otherwise check, with T: Float bound to i32.
             g = own[pattern.dtype.name]
             if not dtype_kind_ok(actual.dtype, g.kind):
-                fail("E0330", f"`{callee.name}` needs its generic `{g.name}` to be {g.kind} "
+                fail(codes.DTYPE_MISMATCH, f"`{callee.name}` needs its generic `{g.name}` to be {g.kind} "
                      f"({', '.join(DTYPE_KINDS[g.kind])}), but this argument has dtype {actual.dtype}",
                      span, Note(f"`{g.name}: {g.kind}` is declared here", g.span))
             env[pattern.dtype.name] = actual.dtype

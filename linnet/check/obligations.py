@@ -8,6 +8,7 @@ in scope where the shapes are symbolic.
 """
 from __future__ import annotations
 
+from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimError, DimExpr, Facts, FloorDiv, mod
 from ..types import (DimT, ErrorT, NoneT, OptionT, SomeT, TensorT, Type, Variadic, format_binding, substitute_dims,
@@ -42,15 +43,15 @@ def discharge(clauses: list[WhereClause], env, facts: Facts, broadcasts: list[Br
         try:
             bound = clause.substitute(env)
         except DimError as exc:  # e.g. `D % H == 0` with H bound to 0
-            fail("E0401", f"{what}: where clause `{clause}` has no value ({exc})", span,
+            fail(codes.WHERE_VIOLATED, f"{what}: where clause `{clause}` has no value ({exc})", span,
                  Note(f"required here{values}", clause.span))
         verdict = facts.decide(bound.left, bound.op, bound.right)
         if verdict:
             continue
         if verdict is False:
-            fail("E0401", f"{what}: where clause `{clause}` is violated ({bound} is false)",
+            fail(codes.WHERE_VIOLATED, f"{what}: where clause `{clause}` is violated ({bound} is false)",
                  span, Note(f"required here{values}", clause.span))
-        fail("E0402", f"{what}: cannot prove `{bound}`", span,
+        fail(codes.WHERE_UNPROVEN, f"{what}: cannot prove `{bound}`", span,
              Note(f"required by this where clause{values}", clause.span),
              Note("add it (or something that implies it) to the caller's `where` clauses"))
 
@@ -70,16 +71,17 @@ def _discharge_broadcast(clause: BroadcastClause, env, facts: Facts, broadcasts:
         return
     note = Note(f"required by this where clause (`{clause}`)", clause.span)
     if any(isinstance(d, Variadic) for d in left + right) or len(left) > len(right):
-        code = "E0401" if len(left) > len(right) and not any(isinstance(d, Variadic) for d in left) else "E0402"
-        verdict = "is violated" if code == "E0401" else "cannot be proven"
+        surely_longer = len(left) > len(right) and not any(isinstance(d, Variadic) for d in left)
+        code = codes.WHERE_VIOLATED if surely_longer else codes.WHERE_UNPROVEN
+        verdict = "is violated" if code == codes.WHERE_VIOLATED else "cannot be proven"
         fail(code, f"{what}: `{shown}` {verdict}", span, note,
              Note("shapes broadcast from the right: each dim of the left shape must equal the right's or be 1"))
     for x, y in zip(reversed(left), reversed(right)):
         if x.as_int() == 1 or facts.equal(x, y):
             continue
         if facts.decide(x, "==", y) is False:
-            fail("E0401", f"{what}: `{shown}` is violated: dim {x} is neither 1 nor {y}", span, note)
-        fail("E0402", f"{what}: cannot prove `{shown}`: dim {x} vs {y}", span, note,
+            fail(codes.WHERE_VIOLATED, f"{what}: `{shown}` is violated: dim {x} is neither 1 nor {y}", span, note)
+        fail(codes.WHERE_UNPROVEN, f"{what}: cannot prove `{shown}`: dim {x} vs {y}", span, note,
              Note("add it (or something that implies it) to the caller's `where` clauses"))
 
 
@@ -97,12 +99,12 @@ def expect_arg(expected: Type, actual: Type, facts: Facts, span: Span, callee: F
         if isinstance(actual, NoneT):
             return
         if not isinstance(actual, SomeT):
-            fail("E0306", f"argument `{param}` of `{callee.name}` is {expected}; pass some(x) or none, "
+            fail(codes.ARGUMENT_TYPE, f"argument `{param}` of `{callee.name}` is {expected}; pass some(x) or none, "
                  f"found {actual}", span)
         expected, actual = expected.inner, actual.inner
     reason = mismatch(expected, actual, facts)
     if reason:
-        fail("E0306", f"argument `{param}` of `{callee.name}`: expected {expected}, found {actual}", span,
+        fail(codes.ARGUMENT_TYPE, f"argument `{param}` of `{callee.name}`: expected {expected}, found {actual}", span,
              Note(reason), Note(f"`{callee.name}` is declared as {callee.signature()}", callee.node.name_span))
 
 
@@ -111,7 +113,7 @@ def expect_same(expected: Type, actual: Type, facts: Facts, span: Span, what: st
         return
     reason = mismatch(expected, actual, facts)
     if reason:
-        fail("E0307", f"{what} is {expected}, found {actual}", span, Note(reason),
+        fail(codes.DECLARED_TYPE, f"{what} is {expected}, found {actual}", span, Note(reason),
              Note("declared here", decl_span))
 
 
@@ -183,7 +185,7 @@ def _join_dtypes(a: TensorT, b: TensorT, span: Span):
         return b.dtype
     if b.weak and weak_fits(b.dtype, a.dtype):
         return a.dtype
-    fail("E0330", f"dtype mismatch: {a} and {b}", span, Note("convert one side with cast<T>(...)"))
+    fail(codes.DTYPE_MISMATCH, f"dtype mismatch: {a} and {b}", span, Note("convert one side with cast<T>(...)"))
 
 
 def _broadcast_dims(a: TensorT, b: TensorT, span: Span, ctx: BodyContext) -> tuple:
@@ -200,7 +202,7 @@ def _broadcast_dims(a: TensorT, b: TensorT, span: Span, ctx: BodyContext) -> tup
         if isinstance(x, Variadic) or isinstance(y, Variadic):
             if x == y and same_shape(tuple(xs), tuple(ys), facts):
                 return tuple(xs) + tuple(reversed(out))
-            fail("E0321", f"cannot broadcast {a} with {b}: `{x}` and `{y}` have no known alignment", span)
+            fail(codes.SHAPE_MISMATCH, f"cannot broadcast {a} with {b}: `{x}` and `{y}` have no known alignment", span)
         out.append(_broadcast_dim(x, y, a, b, span, facts))
         xs.pop(), ys.pop()
     return tuple(xs or ys) + tuple(reversed(out))
@@ -213,5 +215,5 @@ def _broadcast_dim(x: DimExpr, y: DimExpr, a, b, span, facts: Facts) -> DimExpr:
         return y
     if y.as_int() == 1:
         return x
-    fail("E0321", f"shape mismatch: cannot broadcast {a} with {b} (dim {x} vs {y})", span,
+    fail(codes.SHAPE_MISMATCH, f"shape mismatch: cannot broadcast {a} with {b} (dim {x} vs {y})", span,
          Note("shapes broadcast from the right; each pair of dims must be equal or 1"))

@@ -6,7 +6,7 @@ goes on with the next statement.
 """
 from __future__ import annotations
 
-from .. import ast
+from .. import ast, codes
 from ..diagnostics import Diagnostic, Note, Span
 from ..dims import DimExpr, const
 from ..types import ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type
@@ -25,7 +25,7 @@ def check_body(checker: Checker, fn: FnSig) -> None:
     returned = _check_stmts(fn.node.body, ctx)
     if not returned and not any(d.span and d.span.file == fn.node.span.file and
                                 _inside(d.span, fn.node.span) for d in checker.errors):
-        checker.errors.append(Diagnostic("E0311", f"function `{fn.name}` does not end with `return`",
+        checker.errors.append(Diagnostic(codes.MISSING_RETURN, f"function `{fn.name}` does not end with `return`",
                                          fn.node.name_span,
                                          (Note(f"it must return {fn.result}", fn.node.result.span),)))
 
@@ -41,7 +41,8 @@ def _check_stmts(stmts: list[ast.Stmt], ctx: BodyContext) -> bool:
             returned = isinstance(stmt, ast.Return)
         if returned:
             if i + 1 < len(stmts):
-                ctx.checker.errors.append(Diagnostic("E0312", "unreachable statement after `return`",
+                ctx.checker.errors.append(Diagnostic(codes.UNREACHABLE_STATEMENT,
+                                                     "unreachable statement after `return`",
                                                      stmts[i + 1].span))
             return True
     return False
@@ -57,7 +58,7 @@ def _poison(stmt: ast.Stmt, ctx: BodyContext) -> None:
 
 def _check_let(stmt: ast.Let, ctx: BodyContext) -> bool:
     if ctx.lookup(stmt.name) is not None and stmt.name in ctx.locals[-1]:
-        fail("E0105", f"`{stmt.name}` is already bound in this scope", stmt.name_span,
+        fail(codes.DUPLICATE_NAME, f"`{stmt.name}` is already bound in this scope", stmt.name_span,
              Note("first bound here", ctx.lookup(stmt.name).span))
     t = check_expr(stmt.value, ctx)
     if stmt.annotation is not None:
@@ -68,7 +69,7 @@ def _check_let(stmt: ast.Let, ctx: BodyContext) -> bool:
     if isinstance(t, (SubT, SubArrayT, NoneT, SomeT)):
         # Options exist only as parameters, decided per call; a local cannot hold one
         # (`if let` would then have nothing to test).
-        fail("E0332", f"`{stmt.name}` cannot hold {t}; locals hold tensors, dims and lists", stmt.value.span)
+        fail(codes.BAD_LOCAL, f"`{stmt.name}` cannot hold {t}; locals hold tensors, dims and lists", stmt.value.span)
     ctx.bind(stmt.name, Local(t, stmt.mutable, stmt.name_span, "var" if stmt.mutable else "let"))
     return False
 
@@ -78,18 +79,18 @@ def _check_assign(stmt: ast.Assign, ctx: BodyContext) -> bool:
     block = ctx.sig.block
     if local is None and block is not None and (stmt.name in block.params or stmt.name in block.subs):
         what = "param" if stmt.name in block.params else "sub"
-        fail("E0313", f"cannot assign to `{stmt.name}`: it is a {what} of block `{block.name}`, "
+        fail(codes.ASSIGN_TO_LET, f"cannot assign to `{stmt.name}`: it is a {what} of block `{block.name}`, "
              "which functions only read", stmt.name_span,
              Note("declared here", (block.params.get(stmt.name) or block.subs[stmt.name])[1]))
     if local is None:
-        fail("E0201", f"cannot assign to unknown variable `{stmt.name}`", stmt.name_span,
+        fail(codes.UNKNOWN_NAME, f"cannot assign to unknown variable `{stmt.name}`", stmt.name_span,
              Note("declare it first with `var`"))
     if not local.mutable:
         # Say what the name is: a parameter or a loop variable was never a `let`.
         what = {"param": "it is a parameter of the function",
                 "loop": "it is the variable of a `static for`",
                 "some": "it is bound by `if let some(...)`"}.get(local.kind, "it was bound with `let`")
-        fail("E0313", f"cannot assign to `{stmt.name}`: {what}", stmt.name_span,
+        fail(codes.ASSIGN_TO_LET, f"cannot assign to `{stmt.name}`: {what}", stmt.name_span,
              Note("declare it with `var` to reassign it" if local.kind == "let"
                   else "only names declared with `var` can be reassigned", local.span))
     t = check_expr(stmt.value, ctx)
@@ -107,14 +108,15 @@ def _check_return(stmt: ast.Return, ctx: BodyContext) -> bool:
 def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
     collect = stmt.collect
     if collect is not None and collect.into in ctx.locals[-1]:
-        fail("E0105", f"`{collect.into}` is already bound in this scope", collect.into_span,
+        fail(codes.DUPLICATE_NAME, f"`{collect.into}` is already bound in this scope", collect.into_span,
              Note("first bound here", ctx.locals[-1][collect.into].span))
     block = ctx.sig.block
     member = block.subs.get(stmt.iterable) if block else None
     if member is None and block is not None and f"{block.key}#{stmt.iterable}" in ctx.checker.broken:
         silent()
     if member is None or not isinstance(member[0], SubArrayT):
-        fail("E0314", f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
+        fail(codes.NOT_A_SUB_ARRAY,
+             f"`static for` runs over a sub-block array of this block; `{stmt.iterable}` is not one",
              stmt.iterable_span)
     # What is collected is looked up before the body's scope opens: a var of the code
     # around the loop, whose type every pass keeps.
@@ -136,7 +138,7 @@ def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
     ret = _first_return(stmt.body)
     if ret is not None:
         ctx.checker.errors.append(Diagnostic(
-            "E0315", "`return` inside `static for` is not allowed", ret.span,
+            codes.RETURN_IN_STATIC_FOR, "`return` inside `static for` is not allowed", ret.span,
             (Note("the loop is unrolled over the sub-block array; return after it", stmt.iterable_span),)))
     if collect is not None:
         _bind_collection(stmt, member[0].count, collected, ctx)
@@ -149,32 +151,32 @@ def _collected_type(stmt: ast.StaticFor, ctx: BodyContext) -> Type:
     local = ctx.lookup(name.name)
     how = "`collect` takes a `var` declared before the loop, which the loop reassigns"
     if local is None and name.name == stmt.var:
-        fail("E0318", f"`collect {name.name}`: `{name.name}` is this loop's sub-block, not a value",
+        fail(codes.BAD_COLLECT, f"`collect {name.name}`: `{name.name}` is this loop's sub-block, not a value",
              name.span, Note(how))
     if local is None:
         inner = _declared_in(stmt.body, name.name)
         if inner is not None:
-            fail("E0318", f"`collect {name.name}`: `{name.name}` is declared inside the loop, so it does not "
+            fail(codes.BAD_COLLECT, f"`collect {name.name}`: `{name.name}` is declared inside the loop, so it does not "
                  "exist before the first pass", name.span, Note("declared here", inner), Note(how))
         check_name(name, ctx)  # an unknown name fails here, with a suggestion
         block = ctx.sig.block
         what = ("a param of block" if block and name.name in block.params else
                 "a sub-block of block" if block and name.name in block.subs else None)
         what = f"{what} `{block.name}`" if what else "not a local variable"
-        fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}", name.span, Note(how))
+        fail(codes.BAD_COLLECT, f"`collect {name.name}`: `{name.name}` is {what}", name.span, Note(how))
     if isinstance(local.type, ErrorT):
         silent()
     if not local.mutable:
         what = {"param": "a parameter of the function", "loop": "the variable of a `static for`",
                 "some": "bound by `if let some(...)`"}.get(local.kind, "bound with `let`")
-        fail("E0318", f"`collect {name.name}`: `{name.name}` is {what}, so it would be the same value "
+        fail(codes.BAD_COLLECT, f"`collect {name.name}`: `{name.name}` is {what}, so it would be the same value "
              "in every pass", name.span, Note("declared here", local.span), Note(how))
     t = local.type
     if not isinstance(t, TensorT):
-        fail("E0318", f"`collect {name.name}`: only tensors are collected, and `{name.name}` is {t}",
+        fail(codes.BAD_COLLECT, f"`collect {name.name}`: only tensors are collected, and `{name.name}` is {t}",
              name.span, Note("declared here", local.span))
     if t.weak:
-        fail("E0318", f"`collect {name.name}`: `{name.name}` is a literal scalar without a dtype of its own",
+        fail(codes.BAD_COLLECT, f"`collect {name.name}`: `{name.name}` is a literal scalar without a dtype of its own",
              name.span, Note("declared here", local.span),
              Note(f"give it one where it is declared, e.g. `var {name.name} = cast<f32>(...)`"))
     ctx.checker.names[id(name)] = NameInfo("local", name.name)
@@ -195,7 +197,8 @@ def _bind_collection(stmt: ast.StaticFor, count: DimExpr, collected: Type, ctx: 
         reason = mismatch(declared, t, ctx.facts)
         if reason:
             x = collect.var.name
-            fail("E0307", f"the annotation of `{collect.into}` is {declared}, found {t}", header, Note(reason),
+            fail(codes.DECLARED_TYPE,
+                 f"the annotation of `{collect.into}` is {declared}, found {t}", header, Note(reason),
                  Note(f"`collect {x}` gathers `{x}` as the loop starts and after each of its {count} passes: "
                       f"{count + const(1)} values"),
                  Note("declared here", collect.annotation.span))
@@ -208,7 +211,8 @@ def _check_if_some(stmt: ast.IfSome, ctx: BodyContext) -> bool:
     if isinstance(t, ErrorT):
         t = OptionT(ErrorT())  # already reported; still check both branches
     if not isinstance(t, OptionT):
-        fail("E0316", f"`if let some(...)` needs an Option, but `{stmt.option.name}` is {t}", stmt.option.span)
+        fail(codes.IF_LET_NOT_OPTION,
+             f"`if let some(...)` needs an Option, but `{stmt.option.name}` is {t}", stmt.option.span)
     ctx.locals.append({stmt.binding: Local(t.inner, False, stmt.binding_span or stmt.span, "some")})
     try:
         then_returns = _check_stmts(stmt.then_body, ctx)

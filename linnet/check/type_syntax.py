@@ -5,7 +5,7 @@ Every function here reads only the syntax and the generics in scope (`scope`: na
 """
 from __future__ import annotations
 
-from .. import ast
+from .. import ast, codes
 from ..diagnostics import Note
 from ..dims import DimError, DimExpr, const, floordiv, mod, sym
 from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, SHAPE_KIND, DTypeVar, OptionT, TensorT, Type, Variadic,
@@ -32,7 +32,7 @@ def resolve_type(node: ast.TypeNode, scope) -> Type:
         else:
             dims.append(resolve_dim(d, scope))
     if variadics > 1:
-        fail("E0205", "a tensor type may hold at most one `*Shape`", node.span)
+        fail(codes.MISUSED_SHAPE, "a tensor type may hold at most one `*Shape`", node.span)
     return TensorT(tuple(dims), _dtype_name(node.dtype, scope))
 
 
@@ -42,24 +42,24 @@ def resolve_dim(node: ast.DimNode, scope) -> DimExpr:
     if isinstance(node, ast.DimName):
         g = scope.get(node.name)
         if g is None:
-            fail("E0201", f"unknown dim `{node.name}`", node.span,
+            fail(codes.UNKNOWN_NAME, f"unknown dim `{node.name}`", node.span,
                  *suggest(node.name, [n for n, i in scope.items() if i.kind == DIM_KIND]),
                  Note("dims are generics declared `Name: Dim`"))
         if g.kind != DIM_KIND:
-            fail("E0205", f"`{node.name}` is a {g.kind} generic, not a Dim", node.span)
+            fail(codes.MISUSED_SHAPE, f"`{node.name}` is a {g.kind} generic, not a Dim", node.span)
         return sym(node.name)
     left, right = resolve_dim(node.left, scope), resolve_dim(node.right, scope)
     try:
         return OPS_ON_DIMS[node.op](left, right)
     except DimError as exc:
-        fail("E0335", f"invalid dim expression: {exc}", node.span)
+        fail(codes.BAD_DIM_EXPRESSION, f"invalid dim expression: {exc}", node.span)
 
 
 def resolve_where(node, scope) -> WhereClause | BroadcastClause:
     if isinstance(node, ast.BroadcastConstraint):
         left, right = _shape(node.left, scope), _shape(node.right, scope)
         if sum(isinstance(d, Variadic) for d in left) > 1 or sum(isinstance(d, Variadic) for d in right) > 1:
-            fail("E0205", "a shape may hold at most one `*Shape`", node.span)
+            fail(codes.MISUSED_SHAPE, "a shape may hold at most one `*Shape`", node.span)
         return BroadcastClause(left, right, node.span)
     return WhereClause(resolve_dim(node.left, scope), node.op, resolve_dim(node.right, scope), node.span)
 
@@ -67,7 +67,8 @@ def resolve_where(node, scope) -> WhereClause | BroadcastClause:
 def resolve_dtype_arg(node, kind: str, scope, what: str):
     """A dtype passed as a generic argument (`cast<f32>`, `Linear<D, D, T>`), of generic kind `kind`."""
     if not isinstance(node, ast.DimName):
-        fail("E0305", f"{what} must be a dtype ({', '.join(DTYPE_KINDS[kind])}), found a dim expression",
+        fail(codes.BAD_DTYPE_ARGUMENT,
+             f"{what} must be a dtype ({', '.join(DTYPE_KINDS[kind])}), found a dim expression",
              node.span)
     if node.name in ALL_DTYPES:
         dtype = node.name
@@ -77,10 +78,10 @@ def resolve_dtype_arg(node, kind: str, scope, what: str):
         known = scope.get(node.name)
         found = f"`{node.name}`, a {known.kind} generic" if known else f"`{node.name}`"
         dtypes = ("dtypes" if kind == "DType" else f"{kind} dtypes") + f" are {', '.join(DTYPE_KINDS[kind])}"
-        fail("E0305", f"{what} must be a dtype, found {found}", node.span,
+        fail(codes.BAD_DTYPE_ARGUMENT, f"{what} must be a dtype, found {found}", node.span,
              *((Note(f"`{node.name}` is declared here", known.span),) if known else ()), Note(dtypes))
     if not dtype_kind_ok(dtype, kind):
-        fail("E0305", f"{what} must be {kind}, found {dtype}", node.span)
+        fail(codes.BAD_DTYPE_ARGUMENT, f"{what} must be {kind}, found {dtype}", node.span)
     return dtype
 
 
@@ -92,7 +93,7 @@ def _shape(items: list, scope) -> tuple:
 def _variadic_generic(d: ast.Variadic, scope) -> str:
     g = scope.get(d.name)
     if g is None or g.kind != SHAPE_KIND:
-        fail("E0205", f"`*{d.name}` needs a generic `*{d.name}: Shape`", d.span)
+        fail(codes.MISUSED_SHAPE, f"`*{d.name}` needs a generic `*{d.name}: Shape`", d.span)
     return d.name
 
 
@@ -103,7 +104,7 @@ def _dtype_name(node: ast.NamedTypeNode, scope):
     if g is not None and g.is_dtype:
         return DTypeVar(g.name, g.kind)
     if node.name == "Tensor":
-        fail("E0203", "`Tensor` needs dims and a dtype: Tensor[B, S; f32]", node.span)
-    fail("E0203", f"unknown dtype `{node.name}`", node.span,
+        fail(codes.UNKNOWN_DTYPE, "`Tensor` needs dims and a dtype: Tensor[B, S; f32]", node.span)
+    fail(codes.UNKNOWN_DTYPE, f"unknown dtype `{node.name}`", node.span,
          *suggest(node.name, list(ALL_DTYPES) + [n for n, g in scope.items() if g.is_dtype]),
          Note(f"dtypes are {', '.join(ALL_DTYPES)}, or a generic declared `T: Float`"))
