@@ -140,6 +140,11 @@ def _folding(exact: Callable[[float], float], ieee: Callable | None = None) -> C
     return fold
 
 
+def _gelu_tanh(x, tanh: Callable = math.tanh):
+    """GELU's tanh approximation (transformers' `gelu_new`, torch's `approximate="tanh"`)."""
+    return 0.5 * x * (1.0 + tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 _FOLDS = {
     "erf": _folding(math.erf),  # defined for every float
     "tanh": _folding(math.tanh, lambda np, v: np.tanh(v)),
@@ -148,6 +153,7 @@ _FOLDS = {
     "sqrt": _folding(math.sqrt, lambda np, v: np.sqrt(v)),
     "rsqrt": _folding(lambda x: 1.0 / math.sqrt(x), lambda np, v: 1.0 / np.sqrt(v)),
     "sigmoid": _folding(lambda x: 1.0 / (1.0 + math.exp(-x)), lambda np, v: 1.0 / (1.0 + np.exp(-v))),
+    "gelu_tanh": _folding(_gelu_tanh, lambda np, v: _gelu_tanh(v, np.tanh)),
 }
 
 
@@ -186,7 +192,7 @@ _AXIS = (("axis", INT),)
 
 _RECORDS = [
     *(_primitive(name, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float, fold=_FOLDS[name])
-      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid")),
+      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
                  _binary_broadcast, (2,)) for name in ("maximum", "minimum")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); bool]",

@@ -5,6 +5,8 @@
 * `ir.verify` refuses an op the registry does not know and attrs that do not fit its schema.
 * The std kernel keys (`linnet.kernels`) name real std functions, and the fused forms of
   every backend and the optimiser use only those keys.
+* `gelu_tanh`, the primitive added as one record and one emission per backend, computes
+  torch's `F.gelu(approximate="tanh")` on every backend, and folds on a constant.
 """
 from __future__ import annotations
 
@@ -34,6 +36,15 @@ pub block Acts<D: Dim, T: Float = f32> {
 
     pub entry probs<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
         return softmax(x + shift, -1)
+    }
+
+    pub entry gelu<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
+        return gelu_tanh(x + shift)
+    }
+
+    // A constant argument is folded when lowering: no backend sees gelu_tanh of a number.
+    pub entry folded<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
+        return x * gelu_tanh(1.5)
     }
 }
 """
@@ -125,7 +136,7 @@ def test_a_refusal_reaches_the_user_with_its_reason(program, monkeypatch):
     monkeypatch.setattr(onnx_backend, "EMISSIONS", refusing)
     tensors = {"shift": np.zeros(6, np.float32)}
     with pytest.raises(LinnetError) as caught:
-        onnx_backend.emit(program, tensors, name="acts", outputs={"probs": "p"})
+        onnx_backend.emit(program, tensors, name="acts", outputs={e: e + "_out" for e in program.entries})
     (diagnostic,) = caught.value.diagnostics
     assert diagnostic.code == "E0830"
     assert "`softmax`: no Softmax in this test's opset" in diagnostic.message
@@ -215,3 +226,61 @@ def test_every_kernel_key_names_a_std_function():
 @pytest.mark.parametrize("module", [pytorch, jax_backend, onnx_backend])
 def test_fused_forms_are_keyed_by_kernel_keys(module):
     assert set(module.FUSED) <= set(kernels.ALL)
+
+
+# ---------------------------------------------------------------- gelu_tanh
+
+
+@pytest.fixture(scope="module")
+def gelu_entry(tmp_path_factory):
+    shift = np.random.default_rng(5).standard_normal(6).astype(np.float32) * 0.1
+    entry, weights = write_entry(tmp_path_factory.mktemp("gelu") / "acts", entry="gelu", shift=shift)
+    return entry, weights, shift
+
+
+def _torch_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    return F.gelu(torch.from_numpy(x), approximate="tanh").numpy()
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "stablehlo", "onnx"])
+def test_gelu_tanh_matches_torch_on_every_backend(gelu_entry, backend):
+    from linnet import nest
+
+    entry, weights, shift = gelu_entry
+    model = nest.load(entry, backend=backend, weights=weights)
+    x = np.random.default_rng(1).standard_normal((5, 6)).astype(np.float32) * 3.0
+    x[0] = [-8.0, -2.7, -0.5, 0.0, 2.7, 8.0]  # both tails, the kink, zero
+    x[0] -= shift
+    got = np.asarray(model.gelu(x))
+    expected = _torch_gelu_tanh(x + shift)
+    assert got.shape == expected.shape and got.dtype == np.float32
+    diff = float(np.abs(got - expected).max())
+    print(f"{backend}: gelu_tanh max|diff| vs F.gelu(approximate='tanh') {diff:.3g}")
+    assert diff <= 1e-6
+    # A constant argument: folded in float64 when lowering, then rounded to f32 like any literal.
+    folded = np.asarray(model.folded(x))
+    np.testing.assert_allclose(folded, x * np.float32(_torch_gelu_tanh(np.array(1.5, np.float64))), rtol=0,
+                               atol=1e-6)
+
+
+def test_gelu_tanh_of_a_constant_is_folded(gelu_entry):
+    entry, _, _ = gelu_entry
+    program = lower(compile_target(locate(entry)).instance)
+    (stmt,) = program.functions[program.entries["folded"].function].body
+    scalar = stmt.value.args[1]
+    assert isinstance(scalar, ir.Scalar)
+    assert scalar.value == pytest.approx(float(_torch_gelu_tanh(np.array(1.5, np.float64))), abs=1e-15)
+    (stmt,) = program.functions[program.entries["gelu"].function].body
+    assert stmt.value.op == "gelu_tanh" and stmt.value.attrs == ()
+
+
+def test_gelu_tanh_is_checked_like_the_other_float_primitives(tmp_path):
+    source = SOURCE.replace("return gelu_tanh(x + shift)", "return gelu_tanh(cast<i32>(x))")
+    entry, _ = write_entry(tmp_path / "acts", source=source)
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(entry))
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.code == "E0330" and "`gelu_tanh` needs a float tensor, found dtype i32" in diagnostic.message

@@ -60,6 +60,11 @@ for _name, _function in _UNARY_FUNCS.items():
     EMISSIONS.add(_name, function_call(_function))
 
 
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
+    return f"jax.nn.gelu({arg_texts(w, e, scope)[0]}, approximate=True)", ATOM
+
+
 @EMISSIONS.register("maximum", "minimum")
 def _emit_bound(w, e: ir.Op, scope: Scope):
     a = arg_texts(w, e, scope)

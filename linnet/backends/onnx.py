@@ -32,6 +32,7 @@ Layout decisions (docs/backend-onnx.md has the long form):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .. import __version__, ir, kernels
@@ -484,6 +485,18 @@ for _name, _op_type in {**_BINARY, **_UNARY}.items():
 @EMISSIONS.register("rsqrt")
 def _emit_rsqrt(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node("Reciprocal", [site.node("Sqrt", args)])
+
+
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`: opset 17 has no Gelu (it came in 20)."""
+    (x,), dtype = args, e.type.dtype
+    number = site.em._scalar
+    cube = site.node("Pow", [x, number(3.0, dtype)])
+    inner = site.node("Add", [x, site.node("Mul", [cube, number(0.044715, dtype)])])
+    tanh = site.node("Tanh", [site.node("Mul", [inner, number(math.sqrt(2.0 / math.pi), dtype)])])
+    return site.node("Mul", [site.node("Mul", [x, site.node("Add", [tanh, number(1.0, dtype)])]),
+                             number(0.5, dtype)])
 
 
 @EMISSIONS.register("select")

@@ -57,6 +57,11 @@ for _name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
     EMISSIONS.add(_name, function_call(f"torch.{_name}"))
 
 
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
+    return f'F.gelu({arg_texts(w, e, scope)[0]}, approximate="tanh")', ATOM
+
+
 @EMISSIONS.register("maximum", "minimum")
 def _emit_bound(w, e: ir.Op, scope: Scope):
     a = arg_texts(w, e, scope)
