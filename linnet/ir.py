@@ -10,13 +10,15 @@ only an entry's own dims (B, S) remain symbolic.  What is left is small:
   (`Op`, `Call`, `Ref`, ...) whose every node carries its concrete type and the source
   line it came from, so emitters can write readable, commented code.
 
-`verify()` checks the invariants emitters rely on; tests run it after every lowering.
+`verify()` checks the invariants emitters rely on, among them that every op and its attrs
+are what the op registry declares; tests run it after every lowering.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Union
 
+from . import ops
 from .diagnostics import InternalError, Span
 from .dims import DimExpr
 
@@ -77,7 +79,8 @@ class Absent:
 class Op:
     """A primitive (`matmul`, `softmax`, ...) or arithmetic (`add`, `sub`, `mul`, `div`, `neg`).
 
-    Static arguments live in `attrs`: `axis`, `perm`, `shape` (a tuple of dims), `items` for
+    `op` names a record of the op registry (`linnet.ops.OPS`), whose schema says which static
+    arguments live in `attrs`: `axis`, `perm`, `shape` (a tuple of dims), `items` for
     indexing (each `("index", dim)` or `("slice", start, stop)`), `dtype` for cast/iota, `n`
     for iota.
     """
@@ -284,6 +287,10 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
                     raise InternalError(f"{fn.id}: type {expr.type} has unbound dims {sorted(extra)}")
             for a in expr.args:
                 check_expr(a)
+        if isinstance(expr, Op):
+            problem = ops.attr_problem(expr.op, expr.attrs)
+            if problem is not None:
+                raise InternalError(f"{fn.id}: {problem}")
         for name in _expr_refs(expr):
             if name not in defined:
                 raise InternalError(f"{fn.id}: reference to undefined `{name}`")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import ast, codes, ir
+from . import ast, codes, ir, ops
 from .check import CheckedProgram, FnSig
 from .diagnostics import InternalError, LinnetError, Diagnostic
 from .dims import DimExpr, Sym, const, sym
@@ -21,8 +21,6 @@ from .types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Typ
                     number_range, substitute, substitute_dims)
 
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
-_FOLDABLE = {"rsqrt": lambda x: 1.0 / math.sqrt(x), "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
-             "tanh": math.tanh, "erf": math.erf, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x))}
 
 
 def _number(value: int, dtype: str, span) -> float:
@@ -35,19 +33,6 @@ def _number(value: int, dtype: str, span) -> float:
                                      f"the number {shown} does not fit {dtype}, whose values lie in "
                                      f"[{low:g}, {high:g}]", span))
     return float(value)
-
-
-def _fold(name: str, x: float) -> float:
-    """A primitive of a constant, with IEEE results where math raises (`rsqrt(0.0)` is inf)."""
-    try:
-        return _FOLDABLE[name](x)
-    except (ValueError, ZeroDivisionError, OverflowError):
-        import numpy as np
-
-        ufunc = {"rsqrt": lambda v: 1.0 / np.sqrt(v), "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
-                 "tanh": np.tanh, "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v))}[name]
-        with np.errstate(all="ignore"):
-            return float(ufunc(np.float64(x)))
 
 
 def _concrete(t: Type, env) -> ir.TensorType:
@@ -450,45 +435,62 @@ class Lowerer:
 
     # ------------------------------------------------------------ primitives
     def _prim(self, node: ast.Call, info, scope: _Scope) -> ir.Expr:
-        name = node.name
-        result_t = self._type_of(node, scope)
-        dtypes = [_substitute_binding(v, scope.env) for _, v in info.bindings]
-        if name == "iota":
-            n = self._static(node.args[0], scope)
-            return ir.Op("iota", (), _concrete(result_t, {}), node.span.line, (("n", n), ("dtype", dtypes[0])))
-        if name == "cast":
-            arg = self._expr(node.args[0], scope)
-            if isinstance(arg, ir.DimValue) and arg.expr.as_int() is not None:
-                result = _concrete(result_t, {})
-                return ir.Scalar(_number(arg.expr.as_int(), result.dtype, node.args[0].span), result)
-            return ir.Op("cast", (arg,), _concrete(result_t, {}), node.span.line, (("dtype", dtypes[0]),))
-        result = _concrete(result_t, {})
-        if name in ("reshape", "permute"):
-            x = self._expr(node.args[0], scope)
-            items = substitute(self.checked.types[id(node.args[1])], scope.env)
-            assert isinstance(items, ListT)
-            if name == "reshape":
-                for d in items.items:
-                    scope.used_dims |= set(d.free_symbols())
-                return ir.Op("reshape", (x,), result, node.span.line, (("shape", items.items),))
-            return ir.Op("permute", (x,), result, node.span.line, (("perm", tuple(d.as_int() for d in items.items)),))
-        if name in ("sum", "mean", "max", "softmax", "cumsum"):
-            x = self._expr(node.args[0], scope)
-            axis = self._static(node.args[1], scope).as_int() if len(node.args) > 1 else -1
-            return ir.Op(name, (x,), result, node.span.line, (("axis", axis),))
-        args = tuple(self._expr(a, scope) for a in node.args)
-        # Literals take the dtype they meet: the result's, except in a comparison (whose
-        # result is bool) where they take the tensor operand's.
-        operand = next((a.type.dtype for a in args if name in _COMPARISONS and isinstance(a, (ir.Op, ir.Call, ir.Ref,
-                                                                                            ir.ParamRef))),
-                       result.dtype)
-        args = tuple(self._as_operand(a, operand, n.span) for a, n in zip(args, node.args))
-        if name in _FOLDABLE and isinstance(args[0], ir.Scalar):
-            return ir.Scalar(_fold(name, args[0].value), result)
-        return ir.Op(name, args, result, node.span.line)
+        """A primitive call, by its registry record's hook; without one, the op of the same
+        name over the lowered arguments, or the folded value of a constant argument."""
+        record = ops.PRIMS[node.name]
+        low = _PrimLowering(self, node, info, scope)
+        if record.lower is not None:
+            return record.lower(low)
+        args = low.operands()
+        if record.fold is not None and isinstance(args[0], ir.Scalar):
+            return ir.Scalar(record.fold(args[0].value), low.result)
+        return low.op(args)
 
 
-_COMPARISONS = ("less", "greater", "equal")
+class _PrimLowering:
+    """One primitive call as its lowering hook sees it (the `ops.PrimLowering` protocol)."""
+
+    def __init__(self, lowerer: Lowerer, node: ast.Call, info, scope: _Scope):
+        self._lowerer, self._node, self._scope = lowerer, node, scope
+        self.result = _concrete(lowerer._type_of(node, scope), {})
+        self.result_dtype = self.result.dtype
+        self.dtype_args = [_substitute_binding(v, scope.env) for _, v in info.bindings]
+        self.arity = len(node.args)
+        self._lowered: dict[int, ir.Expr] = {}
+
+    def arg(self, i: int) -> ir.Expr:
+        if i not in self._lowered:
+            self._lowered[i] = self._lowerer._expr(self._node.args[i], self._scope)
+        return self._lowered[i]
+
+    def static(self, i: int) -> DimExpr:
+        return self._lowerer._static(self._node.args[i], self._scope)
+
+    def items(self, i: int) -> tuple[DimExpr, ...]:
+        items = substitute(self._lowerer.checked.types[id(self._node.args[i])], self._scope.env)
+        assert isinstance(items, ListT)
+        for d in items.items:
+            self._scope.used_dims |= set(d.free_symbols())
+        return items.items
+
+    def operands(self, dtype: str | None = None) -> tuple[ir.Expr, ...]:
+        """Every argument; numbers take `dtype`, by default the result's."""
+        return tuple(Lowerer._as_operand(self.arg(i), dtype or self.result_dtype, n.span)
+                     for i, n in enumerate(self._node.args))
+
+    def tensor_dtype(self) -> str:
+        args = [self.arg(i) for i in range(self.arity)]
+        return next((a.type.dtype for a in args if isinstance(a, (ir.Op, ir.Call, ir.Ref, ir.ParamRef))),
+                    self.result_dtype)
+
+    def number(self, i: int) -> ir.Scalar | None:
+        arg = self.arg(i)
+        if isinstance(arg, ir.DimValue) and arg.expr.as_int() is not None:
+            return ir.Scalar(_number(arg.expr.as_int(), self.result_dtype, self._node.args[i].span), self.result)
+        return None
+
+    def op(self, args, **attrs) -> ir.Op:
+        return ir.Op(self._node.name, tuple(args), self.result, self._node.span.line, tuple(attrs.items()))
 
 
 def _declared_names(stmts: list[ast.Stmt]) -> set[str]:

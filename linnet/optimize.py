@@ -38,9 +38,8 @@ from typing import Any, Mapping
 from . import ir
 from .arrays import framework_of
 from .dims import const
+from .kernels import ATTENTION, LINEAR
 
-LINEAR = "std.nn.linear::Linear.forward"
-ATTENTION = "std.nn.attention::attention"
 #: Passes `optimize` runs by default, in order.
 PASSES = ("fuse_linears", "fold_attention_scale")
 

@@ -1,14 +1,16 @@
-"""Primitive operations: the typed signatures every backend implements.
+"""Primitive operations: the type rules the checker applies to their calls.
 
-Each primitive has a one-line signature (the same text docs/language.md shows) and a rule
-that computes its result type from the argument types, failing with a reason when they do
-not fit.  Rules see a `PrimCall`, which carries the argument types, the explicit dtype
-generics (`cast<f32>`, `iota<i32>`), the facts in scope and a way to fail with a span.
+Each primitive's record in the op registry (`linnet.ops`) holds its one-line signature (the
+same text docs/language.md shows) and one of the rules here, which computes its result type
+from the argument types, failing with a reason when they do not fit.  Rules see a
+`PrimCall`, which carries the argument types, the explicit dtype generics (`cast<f32>`,
+`iota<i32>`), the facts in scope and a way to fail with a span.  `PRIMS` (name -> record)
+is importable from here for the checker.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from . import codes
 from .diagnostics import Span
@@ -67,15 +69,6 @@ class PrimCall:
         if t.rank is None:
             self.fail(f"`{self.name}` needs a tensor of known rank, found {t}", i, code=codes.BAD_INDEX)
         return t.rank
-
-
-@dataclass(frozen=True)
-class Prim:
-    name: str
-    arity: tuple[int, ...]  # accepted numbers of value arguments
-    dtype_generics: int  # how many explicit `<dtype>` arguments it takes
-    signature: str
-    rule: Callable[[PrimCall], Type]
 
 
 def _unary_float(call: PrimCall) -> Type:
@@ -230,30 +223,12 @@ def _cumsum(call: PrimCall) -> Type:
     return TensorT(t.dims, t.dtype)
 
 
-PRIMS: dict[str, Prim] = {p.name: p for p in [
-    *(Prim(name, (1,), 0, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float)
-      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid")),
-    Prim("maximum", (2,), 0, "maximum(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
-         _binary_broadcast),
-    Prim("minimum", (2,), 0, "minimum(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
-         _binary_broadcast),
-    *(Prim(name, (2,), 0, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); bool]",
-           _compare) for name in ("less", "greater", "equal")),
-    Prim("select", (3,), 0, "select(cond: Tensor[*C; bool], a: Tensor[*A; T], b: Tensor[*B; T]) -> "
-         "Tensor[broadcast(C, A, B); T]", _select),
-    Prim("matmul", (2,), 0, "matmul(a: Tensor[*B, M, K; T], b: Tensor[*B, K, N; T]) -> Tensor[*B, M, N; T]",
-         _matmul),
-    Prim("transpose", (1,), 0, "transpose(x: Tensor[*S, M, N; T]) -> Tensor[*S, N, M; T]", _transpose),
-    Prim("softmax", (1, 2), 0, "softmax(x: Tensor[*S; T: Float], axis = -1) -> Tensor[*S; T]", _softmax),
-    *(Prim(name, (2,), 0, f"{name}(x: Tensor[..., N, ...; T], axis) -> Tensor[..., 1, ...; T]  (keeps the axis)",
-           _reduce) for name in ("sum", "mean", "max")),
-    Prim("cumsum", (2,), 0, "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
-         _cumsum),
-    Prim("take", (2,), 0, "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take),
-    Prim("reshape", (2,), 0, "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
-         "(element count proven equal)", _reshape),
-    Prim("permute", (2,), 0, "permute(x: Tensor[d0, ..., dn; T], [p0, ..., pn]) -> Tensor[dp0, ..., dpn; T]",
-         _permute),
-    Prim("iota", (1,), 1, "iota<I: Int>(N: Dim) -> Tensor[N; I]  (0, 1, ..., N - 1)", _iota),
-    Prim("cast", (1,), 1, "cast<U>(x: Tensor[*S; T] | Dim) -> Tensor[*S; U]", _cast),
-]}
+def __getattr__(name: str):
+    # The table of primitives is the op registry's (`linnet.ops`), which imports the rules
+    # above; it is looked up here on first use, so the checker's `from .prims import PRIMS`
+    # works whichever of the two modules is imported first.
+    if name == "PRIMS":
+        from .ops import PRIMS
+
+        return PRIMS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,10 +21,11 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import dtypes, ir
+from .. import dtypes, ir, kernels
 from ..diagnostics import InternalError
-from .pysource import (ATOM, emission_order, FunctionNamer, header, py_dim, py_index_item, py_name, PyWriter,
-                       Scope)
+from ..ops import Emissions
+from .pysource import (arg_texts, ATOM, emission_order, first_atom, FunctionNamer, function_call, header, OPERATORS,
+                       py_dim, py_index_item, py_name, PyWriter, Scope)
 
 
 def jax_dtype(dtype: str) -> str:
@@ -38,26 +39,107 @@ PARAMS = "params"
 
 _UNARY_FUNCS = {"erf": "lax.erf", "tanh": "jnp.tanh", "exp": "jnp.exp", "log": "jnp.log",
                 "sqrt": "jnp.sqrt", "rsqrt": "lax.rsqrt", "sigmoid": "jax.nn.sigmoid"}
-_REDUCTIONS = {"sum": "jnp.sum", "mean": "jnp.mean", "max": "jnp.max"}
 
 
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does.  Attention and layer_norm are not here: their bodies
 #: are already plain jnp expressions, and jax has no fused layer norm to call.
 FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
-    "std.nn.activations::gelu_erf": lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=False)",
-    "std.nn.activations::gelu": lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=True)",
-    "std.nn.activations::relu": lambda fn, a: f"jax.nn.relu({a[0]})",
-    "std.nn.activations::silu": lambda fn, a: f"jax.nn.silu({a[0]})",
-    "std.nn.embedding::embedding": lambda fn, a: f"jnp.take({a[1]}, {a[0]}, axis=0)",
-    "std.nn.linear::Linear.forward": lambda fn, a: f'{a[0]} @ {PARAMS}["weight"].T + {PARAMS}["bias"]',
+    kernels.GELU_ERF: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=False)",
+    kernels.GELU_TANH: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=True)",
+    kernels.RELU: lambda fn, a: f"jax.nn.relu({a[0]})",
+    kernels.SILU: lambda fn, a: f"jax.nn.silu({a[0]})",
+    kernels.EMBEDDING: lambda fn, a: f"jnp.take({a[1]}, {a[0]}, axis=0)",
+    kernels.LINEAR: lambda fn, a: f'{a[0]} @ {PARAMS}["weight"].T + {PARAMS}["bias"]',
 }
+
+
+# ------------------------------------------------------------------ emissions
+
+#: IR op -> its JAX spelling: the Python operators, then one template per op.
+EMISSIONS = Emissions("jax", OPERATORS)
+for _name, _function in _UNARY_FUNCS.items():
+    EMISSIONS.add(_name, function_call(_function))
+
+
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
+    return f"jax.nn.gelu({arg_texts(w, e, scope)[0]}, approximate=True)", ATOM
+
+
+@EMISSIONS.register("maximum", "minimum")
+def _emit_bound(w, e: ir.Op, scope: Scope):
+    a = arg_texts(w, e, scope)
+    return f"jnp.{e.op}({a[0]}, {a[1]})", ATOM
+
+
+@EMISSIONS.register("select")
+def _emit_select(w, e: ir.Op, scope: Scope):
+    return f"jnp.where({', '.join(arg_texts(w, e, scope))})", ATOM
+
+
+@EMISSIONS.register("transpose")
+def _emit_transpose(w, e: ir.Op, scope: Scope):
+    return f"jnp.swapaxes({arg_texts(w, e, scope)[0]}, -2, -1)", ATOM
+
+
+@EMISSIONS.register("softmax")
+def _emit_softmax(w, e: ir.Op, scope: Scope):
+    return f"jax.nn.softmax({arg_texts(w, e, scope)[0]}, axis={e.attr('axis')})", ATOM
+
+
+@EMISSIONS.register("cumsum")
+def _emit_cumsum(w, e: ir.Op, scope: Scope):
+    # the declared dtype, so an int32 running count stays int32
+    return f"jnp.cumsum({arg_texts(w, e, scope)[0]}, axis={e.attr('axis')}, dtype={jax_dtype(e.type.dtype)})", ATOM
+
+
+@EMISSIONS.register("sum", "mean", "max")
+def _emit_reduce(w, e: ir.Op, scope: Scope):
+    return f"jnp.{e.op}({arg_texts(w, e, scope)[0]}, axis={e.attr('axis')}, keepdims=True)", ATOM
+
+
+@EMISSIONS.register("take")
+def _emit_take(w, e: ir.Op, scope: Scope):
+    # Rows of the table along its first axis, whatever its rank (torch: `table[ids]`).
+    table, ids = arg_texts(w, e, scope)
+    return f"jnp.take({table}, {ids}, axis=0)", ATOM
+
+
+@EMISSIONS.register("reshape")
+def _emit_reshape(w, e: ir.Op, scope: Scope):
+    shape = ", ".join(py_dim(d) for d in e.attr("shape")) or "()"  # () for rank 0
+    return f"{first_atom(w, e, scope)}.reshape({shape})", ATOM
+
+
+@EMISSIONS.register("permute")
+def _emit_permute(w, e: ir.Op, scope: Scope):
+    perm = e.attr("perm")
+    axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
+    return f"jnp.transpose({arg_texts(w, e, scope)[0]}, {axes})", ATOM
+
+
+@EMISSIONS.register("iota")
+def _emit_iota(w, e: ir.Op, scope: Scope):
+    return f"jnp.arange({py_dim(e.attr('n'))}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
+
+
+@EMISSIONS.register("cast")
+def _emit_cast(w, e: ir.Op, scope: Scope):
+    if isinstance(e.args[0], ir.DimValue):
+        return f"jnp.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
+    return f"{first_atom(w, e, scope)}.astype({jax_dtype(e.attr('dtype'))})", ATOM
+
+
+@EMISSIONS.register("index")
+def _emit_index(w, e: ir.Op, scope: Scope):
+    return f"{first_atom(w, e, scope)}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
 
 
 class JaxEmitter(PyWriter):
     FUSED = FUSED
     receiver = PARAMS
-    UNARY_FUNCS = _UNARY_FUNCS
+    EMISSIONS = EMISSIONS
     STACK = "jnp.stack"
 
     def __init__(self, program: ir.Program, fused: bool = True):
@@ -117,41 +199,6 @@ class JaxEmitter(PyWriter):
             else:
                 args.insert(0, f'{PARAMS}["{e.receiver}"]')
         return f"{name}({', '.join(args)})"
-
-    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
-        op, args = e.op, e.args
-        a = [self._expr(x, scope)[0] for x in args]
-        x = self._arg(args[0], scope, ATOM) if args else ""
-        if op in ("maximum", "minimum"):
-            return f"jnp.{op}({a[0]}, {a[1]})", ATOM
-        if op == "select":
-            return f"jnp.where({a[0]}, {a[1]}, {a[2]})", ATOM
-        if op == "transpose":
-            return f"jnp.swapaxes({a[0]}, -2, -1)", ATOM
-        if op == "softmax":
-            return f"jax.nn.softmax({a[0]}, axis={e.attr('axis')})", ATOM
-        if op == "cumsum":  # the declared dtype, so an int32 running count stays int32
-            return f"jnp.cumsum({a[0]}, axis={e.attr('axis')}, dtype={jax_dtype(e.type.dtype)})", ATOM
-        if op in _REDUCTIONS:
-            return f"{_REDUCTIONS[op]}({a[0]}, axis={e.attr('axis')}, keepdims=True)", ATOM
-        if op == "take":
-            # Rows of the table along its first axis, whatever its rank (torch: `table[ids]`).
-            return f"jnp.take({a[0]}, {a[1]}, axis=0)", ATOM
-        if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", ATOM  # () for rank 0
-        if op == "permute":
-            perm = e.attr("perm")
-            axes = f"({perm[0]},)" if len(perm) == 1 else f"({', '.join(map(str, perm))})"
-            return f"jnp.transpose({a[0]}, {axes})", ATOM
-        if op == "iota":
-            return f"jnp.arange({py_dim(e.attr('n'))}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
-        if op == "cast":
-            if isinstance(args[0], ir.DimValue):
-                return f"jnp.asarray({a[0]}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
-            return f"{x}.astype({jax_dtype(e.attr('dtype'))})", ATOM
-        if op == "index":
-            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
-        raise NotImplementedError(f"the JAX backend has no template for `{op}`")
 
 
 # --------------------------------------------------------------------- params tree

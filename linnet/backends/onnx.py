@@ -32,11 +32,13 @@ Layout decisions (docs/backend-onnx.md has the long form):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from .. import __version__, codes, dtypes, ir
+from .. import __version__, codes, dtypes, ir, kernels
 from ..diagnostics import Diagnostic, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
+from ..ops import Emissions
 
 OPSET = 17
 #: IR version 8 is the lowest that opset 17 needs; older runtimes read it too.
@@ -415,51 +417,13 @@ class GraphEmitter:
         return self.constant(float(value) if dtypes.by_name(dtype).is_float else int(value), dtype)
 
     def _op(self, e: ir.Op, frame: _Frame) -> str:
-        op, out = e.op, elem_type(e.type.dtype)
-        scope, doc = self.scope(frame), self.doc(frame, e.line)
+        site = _Site(self, self.scope(frame), self.doc(frame, e.line), elem_type(e.type.dtype), frame)
         args = [self.expr(a, frame) for a in e.args]
-
-        def emit(op_type: str, inputs: list[str], **attrs) -> str:
-            return self.node(op_type, inputs, out, scope=scope, doc=doc, **attrs)
-
-        if op in _BINARY:
-            return emit(_BINARY[op], args)
-        if op in _UNARY:
-            return emit(_UNARY[op], args)
-        if op == "rsqrt":
-            root = self.node("Sqrt", args, out, scope=scope, doc=doc)
-            return emit("Reciprocal", [root])
-        if op == "select":
-            return emit("Where", args)
-        if op == "transpose":
-            rank = e.args[0].type.rank
-            perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-            return emit("Transpose", args, perm=perm)
-        if op == "permute":
-            return emit("Transpose", args, perm=list(e.attr("perm")))
-        if op == "softmax":
-            return softmax(self, args[0], e.type.dtype, e.attr("axis"), scope, doc)
-        if op in _REDUCE:
-            axis = e.attr("axis")
-            if op == "sum":  # ReduceSum takes its axes as an input since opset 13
-                return emit("ReduceSum", [args[0], self.constant([axis], "i64", (1,))], keepdims=1)
-            return emit(_REDUCE[op], args, axes=[axis], keepdims=1)
-        if op == "cumsum":  # keeps the input dtype (an INT32 mask stays INT32)
-            return emit("CumSum", [args[0], self.constant(e.attr("axis"), "i64")])
-        if op == "take":
-            return emit("Gather", args, axis=0)
-        if op == "reshape":
-            return emit("Reshape", [args[0], self.shape(tuple(e.attr("shape")))])
-        if op == "iota":
-            dtype = e.attr("dtype")
-            limit = self.node("Squeeze", [self.dim(e.attr("n"))], elem_type("i64"), scope=scope, doc=doc)
-            limit = self.cast(limit, out, scope, doc)
-            return emit("Range", [self.constant(0, dtype), limit, self.constant(1, dtype)])
-        if op == "cast":
-            return self.cast(args[0], elem_type(e.attr("dtype")), scope, doc)
-        if op == "index":
-            return self._index(e, args[0], frame, scope, doc)
-        raise unsupported(f"the primitive `{op}`", frame.fn)
+        emission = EMISSIONS.get(e.op)
+        if emission is None:  # tests/test_ops.py proves the table complete but for declared refusals
+            reason = EMISSIONS.refusals.get(e.op)
+            raise unsupported(f"the primitive `{e.op}`" + (f": {reason}" if reason else ""), frame.fn)
+        return emission(site, e, args)
 
     def _index(self, e: ir.Op, x: str, frame: _Frame, scope: str, doc: str) -> str:
         """`x[...]` as one Slice over the sliced and indexed axes, then a Squeeze of the indexed ones."""
@@ -484,6 +448,111 @@ class GraphEmitter:
         if dropped:
             x = self.node("Squeeze", [x, self.constant(dropped, "i64", (len(dropped),))], out, scope=scope, doc=doc)
         return x
+
+
+# ------------------------------------------------------------------ emissions
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where one op's nodes go: the emitter, the node-name scope, the doc string, the result's
+    element type, and the frame of the function being inlined."""
+
+    em: GraphEmitter
+    scope: str
+    doc: str
+    out: int
+    frame: _Frame
+
+    def node(self, op_type: str, inputs: list[str], **attrs) -> str:
+        """A node whose output has the op's result type."""
+        return self.em.node(op_type, inputs, self.out, scope=self.scope, doc=self.doc, **attrs)
+
+
+#: IR op -> how it is written as ONNX nodes: (site, op, argument value names) -> result name.
+EMISSIONS = Emissions("onnx")
+for _name, _op_type in {**_BINARY, **_UNARY}.items():
+    EMISSIONS.add(_name, lambda site, e, args, op_type=_op_type: site.node(op_type, args))
+
+
+@EMISSIONS.register("rsqrt")
+def _emit_rsqrt(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Reciprocal", [site.node("Sqrt", args)])
+
+
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`: opset 17 has no Gelu (it came in 20)."""
+    (x,), dtype = args, e.type.dtype
+    number = site.em._scalar
+    cube = site.node("Pow", [x, number(3.0, dtype)])
+    inner = site.node("Add", [x, site.node("Mul", [cube, number(0.044715, dtype)])])
+    tanh = site.node("Tanh", [site.node("Mul", [inner, number(math.sqrt(2.0 / math.pi), dtype)])])
+    return site.node("Mul", [site.node("Mul", [x, site.node("Add", [tanh, number(1.0, dtype)])]),
+                             number(0.5, dtype)])
+
+
+@EMISSIONS.register("select")
+def _emit_select(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Where", args)
+
+
+@EMISSIONS.register("transpose")
+def _emit_transpose(site: _Site, e: ir.Op, args: list[str]) -> str:
+    rank = e.args[0].type.rank
+    return site.node("Transpose", args, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+
+
+@EMISSIONS.register("permute")
+def _emit_permute(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Transpose", args, perm=list(e.attr("perm")))
+
+
+@EMISSIONS.register("softmax")
+def _emit_softmax(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return softmax(site.em, args[0], e.type.dtype, e.attr("axis"), site.scope, site.doc)
+
+
+@EMISSIONS.register(*_REDUCE)
+def _emit_reduce(site: _Site, e: ir.Op, args: list[str]) -> str:
+    axis = e.attr("axis")
+    if e.op == "sum":  # ReduceSum takes its axes as an input since opset 13
+        return site.node("ReduceSum", [args[0], site.em.constant([axis], "i64", (1,))], keepdims=1)
+    return site.node(_REDUCE[e.op], args, axes=[axis], keepdims=1)
+
+
+@EMISSIONS.register("cumsum")
+def _emit_cumsum(site: _Site, e: ir.Op, args: list[str]) -> str:
+    # keeps the input dtype (an INT32 mask stays INT32)
+    return site.node("CumSum", [args[0], site.em.constant(e.attr("axis"), "i64")])
+
+
+@EMISSIONS.register("take")
+def _emit_take(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Gather", args, axis=0)
+
+
+@EMISSIONS.register("reshape")
+def _emit_reshape(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Reshape", [args[0], site.em.shape(tuple(e.attr("shape")))])
+
+
+@EMISSIONS.register("iota")
+def _emit_iota(site: _Site, e: ir.Op, args: list[str]) -> str:
+    em, dtype = site.em, e.attr("dtype")
+    limit = em.node("Squeeze", [em.dim(e.attr("n"))], elem_type("i64"), scope=site.scope, doc=site.doc)
+    limit = em.cast(limit, site.out, site.scope, site.doc)
+    return site.node("Range", [em.constant(0, dtype), limit, em.constant(1, dtype)])
+
+
+@EMISSIONS.register("cast")
+def _emit_cast(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.em.cast(args[0], elem_type(e.attr("dtype")), site.scope, site.doc)
+
+
+@EMISSIONS.register("index")
+def _emit_index(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.em._index(e, args[0], site.frame, site.scope, site.doc)
 
 
 # ----------------------------------------------------------------- fused forms
@@ -575,10 +644,10 @@ def _fused_gelu_erf(em: GraphEmitter, frame: _Frame, args: list[str], scalars: d
 #: std function (checked key) -> fused emission; each computes what the Linnet body does.
 #: A fused form may return None to fall back to the body.
 FUSED = {
-    "std.nn.norm::layer_norm": _fused_layer_norm,
-    "std.nn.attention::attention": _fused_attention,
-    "std.nn.linear::Linear.forward": _fused_linear,
-    "std.nn.activations::gelu_erf": _fused_gelu_erf,
+    kernels.LAYER_NORM: _fused_layer_norm,
+    kernels.ATTENTION: _fused_attention,
+    kernels.LINEAR: _fused_linear,
+    kernels.GELU_ERF: _fused_gelu_erf,
 }
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__, dtypes, ir
+from ..diagnostics import InternalError
 from ..dims import DimExpr
+from ..ops import Emissions
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -229,17 +231,49 @@ def mentions(text: str, name: str) -> bool:
 #: Precedence of generated Python expressions, for parenthesising: atoms and calls bind
 #: tightest, comparisons loosest.
 ATOM, UNARY, MUL, ADD, CMP = 5, 4, 3, 2, 1
-#: IR arithmetic and comparison ops that are Python operators in every framework.
-BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "matmul": ("@", MUL),
-          "less": ("<", CMP), "greater": (">", CMP), "equal": ("==", CMP)}
-
-
 @dataclass(frozen=True)
 class Scope:
     """Where code is being written: the function, and the `static for` variables in scope."""
 
     fn: ir.Function
     loops: frozenset[str] = frozenset()
+
+
+#: An op's emission in a Python emitter: (writer, op, scope) -> (text, precedence).
+Emission = Callable[["PyWriter", ir.Op, Scope], tuple[str, int]]
+
+
+def arg_texts(w: "PyWriter", e: ir.Op, scope: Scope) -> list[str]:
+    """Each argument of `e` as text, unparenthesised (for function arguments)."""
+    return [w._expr(a, scope)[0] for a in e.args]
+
+
+def first_atom(w: "PyWriter", e: ir.Op, scope: Scope) -> str:
+    """The first argument of `e`, parenthesised if needed to take `.method()` or `[...]`."""
+    return w._arg(e.args[0], scope, ATOM)
+
+
+def function_call(function: str) -> Emission:
+    """The emission of an elementwise op as one framework call: `torch.erf(x)`."""
+    return lambda w, e, scope: (f"{function}({w._expr(e.args[0], scope)[0]})", ATOM)
+
+
+def _operator(symbol: str, prec: int) -> Emission:
+    def emit(w: "PyWriter", e: ir.Op, scope: Scope) -> tuple[str, int]:
+        left = w._arg(e.args[0], scope, prec)
+        right = w._arg(e.args[1], scope, prec + 1)  # left-associative
+        return f"{left} {symbol} {right}", prec
+
+    return emit
+
+
+#: The ops that are Python operators in every framework; each backend's table starts from it.
+OPERATORS = Emissions("python")
+for _name, (_symbol, _prec) in {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL),
+                                "matmul": ("@", MUL), "less": ("<", CMP), "greater": (">", CMP),
+                                "equal": ("==", CMP)}.items():
+    OPERATORS.add(_name, _operator(_symbol, _prec))
+OPERATORS.add("neg", lambda w, e, scope: (f"-{w._arg(e.args[0], scope, UNARY)}", UNARY))
 
 
 class PyWriter:
@@ -250,7 +284,7 @@ class PyWriter:
     functions, statements with `# file:line` comments, dims read from input shapes, names,
     literals, operators and their parentheses.  A subclass says how a method's params are
     reached (`receiver`, `_param_ref`, `_loop_source`), how a call is written (`_call`), and
-    how every other op is spelled in its framework (`UNARY_FUNCS`, `_op`).
+    how each op is spelled in its framework (`EMISSIONS`, its table over the op registry).
     """
 
     #: The first parameter of a method: `self` for a module, the params tree for JAX.
@@ -260,8 +294,8 @@ class PyWriter:
     FUSED: dict = {}
     #: How the generated comment introduces such a call's std function.
     fused_note = "fused form of"
-    #: IR op -> the framework function applying it elementwise (`erf` -> `torch.erf`).
-    UNARY_FUNCS: dict[str, str] = {}
+    #: IR op -> its emission in this framework, starting from the Python `OPERATORS`.
+    EMISSIONS: Emissions = OPERATORS
     #: The framework function stacking a list of same-shaped tensors on a new first axis.
     STACK = ""
     fused = True
@@ -321,15 +355,6 @@ class PyWriter:
             return "None", ATOM
         if isinstance(e, ir.Call):
             return self._call(e, scope), ATOM
-        if e.op in BINARY:
-            symbol, prec = BINARY[e.op]
-            left = self._arg(e.args[0], scope, prec)
-            right = self._arg(e.args[1], scope, prec + 1)  # left-associative
-            return f"{left} {symbol} {right}", prec
-        if e.op == "neg":
-            return f"-{self._arg(e.args[0], scope, UNARY)}", UNARY
-        if e.op in self.UNARY_FUNCS:
-            return f"{self.UNARY_FUNCS[e.op]}({self._expr(e.args[0], scope)[0]})", ATOM
         return self._op(e, scope)
 
     def _arg(self, e: ir.Expr, scope: Scope, min_prec: int) -> str:
@@ -346,4 +371,7 @@ class PyWriter:
         raise NotImplementedError
 
     def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
-        raise NotImplementedError
+        emission = self.EMISSIONS.get(e.op)
+        if emission is None:  # tests/test_ops.py proves every table complete
+            raise InternalError(self.EMISSIONS.why_not(e.op))
+        return emission(self, e, scope)

@@ -4,16 +4,18 @@ Each block instantiation becomes a class whose parameters are created with their
 shapes, each free function a `def`; every statement carries a `# file:line` comment.  A few
 std functions are replaced by the fused PyTorch kernel that computes the same thing
 (`F.layer_norm`, `F.scaled_dot_product_attention`, `F.linear`, `F.embedding`, exact-erf
-`F.gelu`); everything else is emitted from its Linnet body with one template per primitive.
+`F.gelu`); everything else is emitted from its Linnet body, each op by its entry in
+`EMISSIONS`, the backend's table over the op registry (`linnet.ops`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from .. import dtypes, ir
-from .pysource import (ATOM, comment_generics, comment_text, emission_order, FunctionNamer, header, py_dim,
-                       py_index_item, py_name, PyWriter, Scope)
+from .. import dtypes, ir, kernels
+from ..ops import Emissions
+from .pysource import (ATOM, FunctionNamer, OPERATORS, PyWriter, Scope, arg_texts, comment_generics, comment_text,
+                       emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
 
 
 def torch_dtype(dtype: str) -> str:
@@ -21,8 +23,6 @@ def torch_dtype(dtype: str) -> str:
     return f"torch.{dtypes.by_name(dtype).torch}"
 
 
-_UNARY_FUNCS = {"erf": "torch.erf", "tanh": "torch.tanh", "exp": "torch.exp", "log": "torch.log",
-                "sqrt": "torch.sqrt", "rsqrt": "torch.rsqrt", "sigmoid": "torch.sigmoid"}
 
 
 def _fused_layer_norm(fn: ir.Function, args: list[str]) -> str:
@@ -40,21 +40,109 @@ def _fused_attention(fn: ir.Function, args: list[str]) -> str:
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does, with PyTorch's fused kernel.
 FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
-    "std.nn.norm::layer_norm": _fused_layer_norm,
-    "std.nn.attention::attention": _fused_attention,
-    "std.nn.activations::gelu_erf": lambda fn, a: f"F.gelu({a[0]})",
-    "std.nn.activations::gelu": lambda fn, a: f'F.gelu({a[0]}, approximate="tanh")',
-    "std.nn.activations::relu": lambda fn, a: f"F.relu({a[0]})",
-    "std.nn.activations::silu": lambda fn, a: f"F.silu({a[0]})",
-    "std.nn.embedding::embedding": lambda fn, a: f"F.embedding({a[0]}, {a[1]})",
-    "std.nn.linear::Linear.forward": lambda fn, a: f"F.linear({a[0]}, self.weight, self.bias)",
+    kernels.LAYER_NORM: _fused_layer_norm,
+    kernels.ATTENTION: _fused_attention,
+    kernels.GELU_ERF: lambda fn, a: f"F.gelu({a[0]})",
+    kernels.GELU_TANH: lambda fn, a: f'F.gelu({a[0]}, approximate="tanh")',
+    kernels.RELU: lambda fn, a: f"F.relu({a[0]})",
+    kernels.SILU: lambda fn, a: f"F.silu({a[0]})",
+    kernels.EMBEDDING: lambda fn, a: f"F.embedding({a[0]}, {a[1]})",
+    kernels.LINEAR: lambda fn, a: f"F.linear({a[0]}, self.weight, self.bias)",
 }
+
+
+# ------------------------------------------------------------------ emissions
+
+#: IR op -> its PyTorch spelling: the Python operators, then one template per op.
+EMISSIONS = Emissions("torch", OPERATORS)
+for _name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
+    EMISSIONS.add(_name, function_call(f"torch.{_name}"))
+
+
+@EMISSIONS.register("gelu_tanh")
+def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
+    return f'F.gelu({arg_texts(w, e, scope)[0]}, approximate="tanh")', ATOM
+
+
+@EMISSIONS.register("maximum", "minimum")
+def _emit_bound(w, e: ir.Op, scope: Scope):
+    a = arg_texts(w, e, scope)
+    if isinstance(e.args[1], ir.Scalar):
+        bound = "min" if e.op == "maximum" else "max"
+        return f"torch.clamp({a[0]}, {bound}={a[1]})", ATOM
+    return f"torch.{e.op}({a[0]}, {a[1]})", ATOM
+
+
+@EMISSIONS.register("select")
+def _emit_select(w, e: ir.Op, scope: Scope):
+    return f"torch.where({', '.join(arg_texts(w, e, scope))})", ATOM
+
+
+@EMISSIONS.register("transpose")
+def _emit_transpose(w, e: ir.Op, scope: Scope):
+    return f"{first_atom(w, e, scope)}.transpose(-2, -1)", ATOM
+
+
+@EMISSIONS.register("softmax")
+def _emit_softmax(w, e: ir.Op, scope: Scope):
+    return f"torch.softmax({arg_texts(w, e, scope)[0]}, dim={e.attr('axis')})", ATOM
+
+
+@EMISSIONS.register("cumsum")
+def _emit_cumsum(w, e: ir.Op, scope: Scope):
+    # torch widens integer cumsums to int64; keep the declared dtype
+    return (f"torch.cumsum({arg_texts(w, e, scope)[0]}, dim={e.attr('axis')}, "
+            f"dtype={torch_dtype(e.type.dtype)})", ATOM)
+
+
+@EMISSIONS.register("sum", "mean", "max")
+def _emit_reduce(w, e: ir.Op, scope: Scope):
+    method = "amax" if e.op == "max" else e.op
+    return f"{first_atom(w, e, scope)}.{method}(dim={e.attr('axis')}, keepdim=True)", ATOM
+
+
+@EMISSIONS.register("take")
+def _emit_take(w, e: ir.Op, scope: Scope):
+    table, ids = arg_texts(w, e, scope)
+    if e.args[0].type.rank == 2:
+        return f"F.embedding({ids}, {table})", ATOM
+    return f"{first_atom(w, e, scope)}[{ids}]", ATOM
+
+
+@EMISSIONS.register("reshape")
+def _emit_reshape(w, e: ir.Op, scope: Scope):
+    shape = ", ".join(py_dim(d) for d in e.attr("shape")) or "()"  # () for rank 0
+    return f"{first_atom(w, e, scope)}.reshape({shape})", ATOM
+
+
+@EMISSIONS.register("permute")
+def _emit_permute(w, e: ir.Op, scope: Scope):
+    return f"{first_atom(w, e, scope)}.permute({', '.join(map(str, e.attr('perm')))})", ATOM
+
+
+@EMISSIONS.register("iota")
+def _emit_iota(w, e: ir.Op, scope: Scope):
+    device = next((py_name(n) for n, t in scope.fn.params if t is not None), None)
+    place = f", device={device}.device" if device else ""
+    return f"torch.arange({py_dim(e.attr('n'))}, dtype={torch_dtype(e.attr('dtype'))}{place})", ATOM
+
+
+@EMISSIONS.register("cast")
+def _emit_cast(w, e: ir.Op, scope: Scope):
+    if isinstance(e.args[0], ir.DimValue):
+        return f"torch.tensor({arg_texts(w, e, scope)[0]}, dtype={torch_dtype(e.attr('dtype'))})", ATOM
+    return f"{first_atom(w, e, scope)}.to({torch_dtype(e.attr('dtype'))})", ATOM
+
+
+@EMISSIONS.register("index")
+def _emit_index(w, e: ir.Op, scope: Scope):
+    return f"{first_atom(w, e, scope)}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
 
 
 class TorchEmitter(PyWriter):
     FUSED = FUSED
     fused_note = "fused kernel for"
-    UNARY_FUNCS = _UNARY_FUNCS
+    EMISSIONS = EMISSIONS
     STACK = "torch.stack"
 
     def __init__(self, program: ir.Program, fused: bool = True):
@@ -148,48 +236,6 @@ class TorchEmitter(PyWriter):
         if name == "forward" and e.receiver != "self":
             return f"{target}({args})"  # nn.Module.__call__ runs forward
         return f"{target}.{name}({args})"
-
-    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
-        op, args = e.op, e.args
-        a = [self._expr(x, scope)[0] for x in args]
-        x = self._arg(args[0], scope, ATOM) if args else ""
-        if op in ("maximum", "minimum"):
-            if isinstance(args[1], ir.Scalar):
-                bound = "min" if op == "maximum" else "max"
-                return f"torch.clamp({a[0]}, {bound}={a[1]})", ATOM
-            return f"torch.{op}({a[0]}, {a[1]})", ATOM
-        if op == "select":
-            return f"torch.where({a[0]}, {a[1]}, {a[2]})", ATOM
-        if op == "transpose":
-            return f"{x}.transpose(-2, -1)", ATOM
-        if op == "softmax":
-            return f"torch.softmax({a[0]}, dim={e.attr('axis')})", ATOM
-        if op == "cumsum":  # torch widens integer cumsums to int64; keep the declared dtype
-            return f"torch.cumsum({a[0]}, dim={e.attr('axis')}, dtype={torch_dtype(e.type.dtype)})", ATOM
-        if op in ("sum", "mean"):
-            return f"{x}.{op}(dim={e.attr('axis')}, keepdim=True)", ATOM
-        if op == "max":
-            return f"{x}.amax(dim={e.attr('axis')}, keepdim=True)", ATOM
-        if op == "take":
-            table, ids = a
-            if args[0].type.rank == 2:
-                return f"F.embedding({ids}, {table})", ATOM
-            return f"{self._arg(args[0], scope, ATOM)}[{ids}]", ATOM
-        if op == "reshape":
-            return f"{x}.reshape({', '.join(py_dim(d) for d in e.attr('shape')) or '()'})", ATOM  # () for rank 0
-        if op == "permute":
-            return f"{x}.permute({', '.join(map(str, e.attr('perm')))})", ATOM
-        if op == "iota":
-            device = next((py_name(n) for n, t in scope.fn.params if t is not None), None)
-            place = f", device={device}.device" if device else ""
-            return f"torch.arange({py_dim(e.attr('n'))}, dtype={torch_dtype(e.attr('dtype'))}{place})", ATOM
-        if op == "cast":
-            if isinstance(args[0], ir.DimValue):
-                return f"torch.tensor({a[0]}, dtype={torch_dtype(e.attr('dtype'))})", ATOM
-            return f"{x}.to({torch_dtype(e.attr('dtype'))})", ATOM
-        if op == "index":
-            return f"{x}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
-        raise NotImplementedError(f"the torch backend has no template for `{op}`")
 
 
 def emit(program: ir.Program, fused: bool = True, title: str = "PyTorch module") -> str:

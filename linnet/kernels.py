@@ -1,0 +1,23 @@
+"""The std functions that backends and the optimiser recognise, by their checked keys.
+
+Lowering keeps calls of std functions as calls, so a backend may write one as a fused
+kernel of its own (`F.layer_norm`, ONNX's LayerNormalization) instead of its Linnet body,
+and `linnet.optimize` finds the Linears and attention calls it rewrites.  Each key is
+`<module>::<function>` or `<module>::<Block>.<method>`, as `ir.Function.source` holds it;
+they are spelled here once, and tests/test_ops.py checks that each names a function of std/.
+"""
+from __future__ import annotations
+
+LAYER_NORM = "std.nn.norm::layer_norm"
+ATTENTION = "std.nn.attention::attention"
+LINEAR = "std.nn.linear::Linear.forward"
+EMBEDDING = "std.nn.embedding::embedding"
+#: GELU through erf, as the paper defines it (BERT's `hidden_act = "gelu"`).
+GELU_ERF = "std.nn.activations::gelu_erf"
+#: The tanh approximation of GELU ("gelu_new"); std calls it plain `gelu`.
+GELU_TANH = "std.nn.activations::gelu"
+RELU = "std.nn.activations::relu"
+SILU = "std.nn.activations::silu"
+
+#: Every key above.
+ALL = (LAYER_NORM, ATTENTION, LINEAR, EMBEDDING, GELU_ERF, GELU_TANH, RELU, SILU)

@@ -1,0 +1,286 @@
+"""The op registry (`linnet.ops`) and what is registered against it.
+
+* Every op has an emission on every backend (torch, JAX, ONNX; StableHLO exports the JAX
+  source, so it uses JAX's table), or a refusal whose reason reaches the user.
+* `ir.verify` refuses an op the registry does not know and attrs that do not fit its schema.
+* The std kernel keys (`linnet.kernels`) name real std functions, and the fused forms of
+  every backend and the optimiser use only those keys.
+* `gelu_tanh`, the primitive added as one record and one emission per backend, computes
+  torch's `F.gelu(approximate="tanh")` on every backend, and folds on a constant.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from linnet import ir, kernels, ops
+from linnet.backends import jax as jax_backend
+from linnet.backends import onnx as onnx_backend
+from linnet.backends import pytorch
+from linnet.compiler import compile_target, locate
+from linnet.diagnostics import InternalError, LinnetError
+from linnet.dims import const
+from linnet.lower import lower
+
+BACKEND_TABLES = {"torch": pytorch.EMISSIONS, "jax": jax_backend.EMISSIONS, "onnx": onnx_backend.EMISSIONS}
+
+SOURCE = """\
+module acts
+
+pub block Acts<D: Dim, T: Float = f32> {
+    param shift: Tensor[D; T]
+
+    pub entry probs<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
+        return softmax(x + shift, -1)
+    }
+
+    pub entry gelu<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
+        return gelu_tanh(x + shift)
+    }
+
+    // A constant argument is folded when lowering: no backend sees gelu_tanh of a number.
+    pub entry folded<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
+        return x * gelu_tanh(1.5)
+    }
+}
+"""
+
+MANIFEST = """\
+[model]
+name = "acts"
+title = "Activation test block"
+summary = "One param and a primitive per entry."
+license = "MIT"
+family = "test"
+
+[source]
+path = "src/lib.linnet"
+root = "Acts"
+entry = "{entry}"
+
+[generics]
+D = 6
+T = "f32"
+
+[check]
+B = 2
+
+[weights]
+repo = "linnet/acts"
+revision = "{revision}"
+files = ["model.safetensors"]
+bindings = "bindings.json"
+"""
+
+
+def write_entry(folder, source: str = SOURCE, entry: str = "probs", shift: np.ndarray | None = None):
+    """A zoo entry over `source` with its weights file beside it; returns (entry folder, weights file)."""
+    from safetensors.numpy import save_file
+
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "lib.linnet").write_text(source, encoding="utf-8")
+    (folder / "nest.toml").write_text(MANIFEST.format(entry=entry, revision="0" * 40), encoding="utf-8")
+    (folder / "linnet.toml").write_text('[package]\nname = "acts"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    (folder / "bindings.json").write_text(json.dumps({"shift": "ckpt.shift"}))
+    weights = folder.parent / "model.safetensors"
+    save_file({"ckpt.shift": np.zeros(6, np.float32) if shift is None else shift}, str(weights))
+    return folder, weights
+
+
+@pytest.fixture
+def program(tmp_path) -> ir.Program:
+    entry, _ = write_entry(tmp_path / "acts")
+    return lower(compile_target(locate(entry)).instance)
+
+
+def _softmax_op(program: ir.Program) -> ir.Op:
+    (stmt,) = program.functions[program.entries["probs"].function].body
+    assert isinstance(stmt.value, ir.Op) and stmt.value.op == "softmax"
+    return stmt.value
+
+
+def _with_result(program: ir.Program, op: ir.Op) -> ir.Program:
+    fn = program.functions[program.entries["probs"].function]
+    fn.body = [replace(fn.body[0], value=op)]
+    return program
+
+
+# ------------------------------------------------------------- completeness
+
+
+@pytest.mark.parametrize("backend", sorted(BACKEND_TABLES))
+def test_every_op_has_an_emission_or_a_declared_refusal(backend):
+    table = BACKEND_TABLES[backend]
+    assert table.missing() == [], f"{backend} has no emission for {table.missing()}"
+    for name, reason in table.refusals.items():
+        assert reason.strip(), f"{backend} refuses `{name}` without saying why"
+
+
+def test_stablehlo_exports_the_jax_source_so_it_uses_the_jax_table(program, tmp_path, monkeypatch):
+    from linnet.backends import stablehlo
+
+    refusing = ops.Emissions("jax", jax_backend.EMISSIONS)
+    refusing.refuse("softmax", "not in this test's jax")
+    monkeypatch.setattr(jax_backend.JaxEmitter, "EMISSIONS", refusing)
+    with pytest.raises(InternalError, match="cannot express `softmax`: not in this test's jax"):
+        stablehlo.write_artifact(SimpleNamespace(name="acts", program=program), tmp_path / "out")
+
+
+def test_a_refusal_reaches_the_user_with_its_reason(program, monkeypatch):
+    refusing = ops.Emissions("onnx", onnx_backend.EMISSIONS)
+    refusing.refuse("softmax", "no Softmax in this test's opset")
+    monkeypatch.setattr(onnx_backend, "EMISSIONS", refusing)
+    tensors = {"shift": np.zeros(6, np.float32)}
+    with pytest.raises(LinnetError) as caught:
+        onnx_backend.emit(program, tensors, name="acts", outputs={e: e + "_out" for e in program.entries})
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.code == "E0830"
+    assert "`softmax`: no Softmax in this test's opset" in diagnostic.message
+
+
+def test_tables_take_only_registered_ops():
+    table = ops.Emissions("test")
+    with pytest.raises(KeyError, match="no op `softmaxx`"):
+        table.register("softmaxx")(lambda *a: None)
+    with pytest.raises(KeyError, match="no op `gelu_exact`"):
+        table.refuse("gelu_exact", "why")
+    assert "softmax" in table.missing()
+    table.refuse("softmax", "a reason")
+    assert "softmax" not in table.missing() and "softmax" not in table
+    assert table.why_not("softmax") == "the test backend cannot express `softmax`: a reason"
+
+
+# ----------------------------------------------------------------- registry
+
+
+def test_primitives_are_the_records_with_a_signature():
+    assert set(ops.PRIMS) == {name for name, op in ops.OPS.items() if op.signature is not None}
+    for name, op in ops.PRIMS.items():
+        assert op.signature.startswith(f"{name}(") or op.signature.startswith(f"{name}<"), op.signature
+        assert op.rule is not None and op.arity, name
+    # The operators and indexing are IR ops no program calls by name.
+    assert {"add", "sub", "mul", "div", "neg", "index"} <= set(ops.OPS) - set(ops.PRIMS)
+
+
+def test_the_checker_sees_the_registry_through_prims():
+    from linnet import prims
+
+    assert prims.PRIMS is ops.PRIMS
+
+
+def test_folds_give_ieee_values_where_math_raises():
+    assert ops.OPS["rsqrt"].fold(0.0) == float("inf")
+    assert ops.OPS["log"].fold(0.0) == float("-inf")
+    assert ops.OPS["exp"].fold(1000.0) == float("inf")
+    assert ops.OPS["rsqrt"].fold(4.0) == 0.5
+
+
+# ------------------------------------------------------------------ verify
+
+
+def test_verify_accepts_what_lowering_makes(program):
+    ir.verify(program)
+    assert _softmax_op(program).attrs == (("axis", -1),)
+
+
+def test_verify_refuses_an_op_the_registry_does_not_know(program):
+    bad = _with_result(program, replace(_softmax_op(program), op="softmax_fast"))
+    with pytest.raises(InternalError, match="the op `softmax_fast` is not in the registry"):
+        ir.verify(bad)
+
+
+@pytest.mark.parametrize("attrs,message", [
+    ((), r"`softmax` has attrs \[\]; its schema is \(axis: int\)"),
+    ((("axis", -1), ("keepdim", True)), r"has attrs \['axis', 'keepdim'\]"),
+    ((("axis", "-1"),), "`softmax` attr `axis` is '-1', not a int"),
+    ((("axis", True),), "attr `axis` is True, not a int"),
+])
+def test_verify_refuses_attrs_outside_the_schema(program, attrs, message):
+    bad = _with_result(program, replace(_softmax_op(program), attrs=attrs))
+    with pytest.raises(InternalError, match=message):
+        ir.verify(bad)
+
+
+def test_verify_checks_the_attrs_of_every_kind():
+    assert ops.attr_problem("reshape", (("shape", (const(2), const(3))),)) is None
+    assert "not a tuple[DimExpr]" in ops.attr_problem("reshape", (("shape", (2, 3)),))
+    assert "not a tuple[int]" in ops.attr_problem("permute", (("perm", (const(1), const(0))),))
+    assert "not a DType" in ops.attr_problem("cast", (("dtype", "float32"),))
+    assert ops.attr_problem("index", (("items", (("slice", const(0), None), ("index", const(1)))),)) is None
+    assert "not a tuple[IndexItem]" in ops.attr_problem("index", (("items", (("slice", 0, None),)),))
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def test_every_kernel_key_names_a_std_function():
+    checked = compile_target(locate("bert-base-uncased")).checked  # imports every std module
+    std = {key for key in checked.functions if key.startswith("std.")}
+    assert set(kernels.ALL) <= std, sorted(set(kernels.ALL) - std)
+
+
+@pytest.mark.parametrize("module", [pytorch, jax_backend, onnx_backend])
+def test_fused_forms_are_keyed_by_kernel_keys(module):
+    assert set(module.FUSED) <= set(kernels.ALL)
+
+
+# ---------------------------------------------------------------- gelu_tanh
+
+
+@pytest.fixture(scope="module")
+def gelu_entry(tmp_path_factory):
+    shift = np.random.default_rng(5).standard_normal(6).astype(np.float32) * 0.1
+    entry, weights = write_entry(tmp_path_factory.mktemp("gelu") / "acts", entry="gelu", shift=shift)
+    return entry, weights, shift
+
+
+def _torch_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    return F.gelu(torch.from_numpy(x), approximate="tanh").numpy()
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "stablehlo", "onnx"])
+def test_gelu_tanh_matches_torch_on_every_backend(gelu_entry, backend):
+    from linnet import nest
+
+    entry, weights, shift = gelu_entry
+    model = nest.load(entry, backend=backend, weights=weights)
+    x = np.random.default_rng(1).standard_normal((5, 6)).astype(np.float32) * 3.0
+    x[0] = [-8.0, -2.7, -0.5, 0.0, 2.7, 8.0]  # both tails, the kink, zero
+    x[0] -= shift
+    got = np.asarray(model.gelu(x))
+    expected = _torch_gelu_tanh(x + shift)
+    assert got.shape == expected.shape and got.dtype == np.float32
+    diff = float(np.abs(got - expected).max())
+    print(f"{backend}: gelu_tanh max|diff| vs F.gelu(approximate='tanh') {diff:.3g}")
+    assert diff <= 1e-6
+    # A constant argument: folded in float64 when lowering, then rounded to f32 like any literal.
+    folded = np.asarray(model.folded(x))
+    np.testing.assert_allclose(folded, x * np.float32(_torch_gelu_tanh(np.array(1.5, np.float64))), rtol=0,
+                               atol=1e-6)
+
+
+def test_gelu_tanh_of_a_constant_is_folded(gelu_entry):
+    entry, _, _ = gelu_entry
+    program = lower(compile_target(locate(entry)).instance)
+    (stmt,) = program.functions[program.entries["folded"].function].body
+    scalar = stmt.value.args[1]
+    assert isinstance(scalar, ir.Scalar)
+    assert scalar.value == pytest.approx(float(_torch_gelu_tanh(np.array(1.5, np.float64))), abs=1e-15)
+    (stmt,) = program.functions[program.entries["gelu"].function].body
+    assert stmt.value.op == "gelu_tanh" and stmt.value.attrs == ()
+
+
+def test_gelu_tanh_is_checked_like_the_other_float_primitives(tmp_path):
+    source = SOURCE.replace("return gelu_tanh(x + shift)", "return gelu_tanh(cast<i32>(x))")
+    entry, _ = write_entry(tmp_path / "acts", source=source)
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(entry))
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.code == "E0330" and "`gelu_tanh` needs a float tensor, found dtype i32" in diagnostic.message
