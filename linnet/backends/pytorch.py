@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import ir
+from ..paths import source_label
 from .pysource import (ATOM, comment_generics, comment_text, emission_order, FunctionNamer, header, py_dim,
                        py_index_item, py_name, PyWriter, Scope)
 
@@ -95,7 +96,7 @@ class TorchEmitter(PyWriter):
         return order
 
     def _class(self, block: ir.Block, methods: list[str]) -> str:
-        source = comment_text(f"{block.span.file}:{block.span.line}" if block.span else block.source)
+        source = comment_text(f"{source_label(block.span.file)}:{block.span.line}" if block.span else block.source)
         lines = [f"class {py_name(block.id)}(nn.Module):",
                  f'    """{comment_text(block.source)}<{comment_generics(block.generics)}>  ({source})"""', "",
                  "    def __init__(self):", "        super().__init__()"]
