@@ -1,7 +1,9 @@
-"""Where the standard library and the zoo live, from a source checkout or an installed wheel."""
+"""Where the standard library and the zoo live, from a source checkout or an installed wheel,
+and how generated code names their files."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import cache
 from pathlib import Path
 
@@ -38,3 +40,25 @@ def std_dir() -> Path:
 def zoo_dir() -> Path:
     """The folder holding one sub-folder per zoo entry (`bert-base-uncased/`, ...)."""
     return _locate("nest", "linnet._nest")
+
+
+def source_label(file: str) -> str:
+    """A Linnet source file as generated code names it (`# file:line`, ONNX doc strings).
+
+    Spans name files relative to the working directory when that is shorter (as diagnostics
+    want); generated code should read the same wherever it was built from, so a file of the
+    standard library or of the zoo is named from the folder that holds `std/` and `nest/`:
+    `std/nn/linear.linnet`, `nest/bert-base-uncased/src/lib.linnet`, in a checkout and in an
+    installed wheel alike.  Any other file keeps the span's name.
+    """
+    return _source_label(file, os.getcwd())
+
+
+@cache
+def _source_label(file: str, cwd: str) -> str:
+    path = (Path(cwd) / file).resolve()  # an absolute `file` replaces cwd
+    for folder, name in ((std_dir(), "std"), (zoo_dir(), "nest")):
+        root = folder.resolve()
+        if path.is_relative_to(root):
+            return "/".join((name, *path.relative_to(root).parts))
+    return file

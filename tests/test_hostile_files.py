@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -30,16 +31,19 @@ MINILM = "all-minilm-l6-v2"
 
 
 def copy_entry(parent: Path, name: str = MINILM, edit_nest=lambda t: t, bindings: dict | None = None) -> Path:
-    """A private copy of a zoo entry (its manifest files only; the source is the zoo's)."""
+    """A private copy of a zoo entry (its manifest files only; the source is the zoo's).
+
+    `bindings`: a bindings.json of the copy's own, named in its nest.toml instead of the
+    entry's declared layout.
+    """
     entry = parent / f"{name}-copy"
     entry.mkdir(parents=True)
-    for file in ("nest.toml", "linnet.toml", "bindings.json"):
-        text = (zoo_dir() / name / file).read_text()
-        if file == "nest.toml":
-            text = edit_nest(text)
-        if file == "bindings.json" and bindings is not None:
-            text = json.dumps(bindings)
-        (entry / file).write_text(text)
+    nest_toml = edit_nest((zoo_dir() / name / "nest.toml").read_text())
+    if bindings is not None:
+        nest_toml = re.sub(r"(?m)^bindings = \{.*\}$", 'bindings = "bindings.json"', nest_toml)
+        (entry / "bindings.json").write_text(json.dumps(bindings))
+    (entry / "nest.toml").write_text(nest_toml)
+    (entry / "linnet.toml").write_text((zoo_dir() / name / "linnet.toml").read_text())
     return entry
 
 
@@ -54,7 +58,7 @@ def raises(code: str, call, *args, **kwargs) -> LinnetError:
 
 
 def test_bindings_symlinked_out_of_the_entry(tmp_path):
-    entry = copy_entry(tmp_path / "zoo")
+    entry = copy_entry(tmp_path / "zoo", bindings={"x": "y"})
     outside = tmp_path / "elsewhere.json"
     outside.write_text((entry / "bindings.json").read_text())
     (entry / "bindings.json").unlink()

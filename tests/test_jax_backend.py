@@ -136,7 +136,7 @@ def test_generated_source_is_readable(minilm_jax):
         file = REPO / match.group(1)
         text = lines.setdefault(file, file.read_text().splitlines())[int(match.group(2)) - 1].strip()
         assert text and not text.startswith("//"), (line, text)
-    assert "lib.linnet:" in source
+    assert "# nest/bert-base-uncased/src/lib.linnet:" in source
 
 
 def test_generated_source_is_cached(minilm_jax, minilm_checkpoint):

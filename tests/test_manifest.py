@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from linnet.diagnostics import LinnetError
+from linnet.nest.layouts import LayoutBindings
 from linnet.nest.manifest import CODES, find_entry, known_entries, load_manifest
 from linnet.paths import zoo_dir
 
@@ -90,7 +91,8 @@ def test_bert_base_manifest_loads():
     assert m.weights.repo == "google-bert/bert-base-uncased"
     assert m.weights.revision == BERT_REVISION
     assert m.weights.files == ("model.safetensors",)
-    assert m.weights.bindings == m.dir / "bindings.json" and m.weights.bindings.is_file()
+    assert m.weights.bindings == LayoutBindings("bert", "bert.", "gamma/beta")
+    assert not (m.dir / "bindings.json").exists()  # the layout is the one copy of the mapping
     assert m.weights.sha256 == {}
     assert (m.package.name, m.package.version, m.package.language) == ("bert", "0.1.0", "0.1")
     assert m.source_dir() == m.dir and m.source_manifest() is m
@@ -102,6 +104,7 @@ def test_minilm_manifest_reuses_the_bert_source():
     assert m.generics["D"] == 384 and m.generics["Inner"] == 1536 and m.generics["Layers"] == 6
     assert m.weights.repo == "sentence-transformers/all-MiniLM-L6-v2"
     assert m.weights.revision == "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
+    assert m.weights.bindings == LayoutBindings("bert", "", "weight/bias")
     assert m.weights.sha256 == {
         "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"}
     bert = zoo_dir() / "bert-base-uncased"
@@ -255,6 +258,42 @@ def test_paths_may_not_leave_the_entry(tmp_path, field, old, escaping):
     d = only_diagnostic(write_entry(tmp_path, nest=VALID_NEST.replace(old, f'{key} = "{escaping}"')))
     assert d.code == "E0907"
     assert d.message.startswith(f"nest.toml: {field} must be a relative path inside the entry folder")
+
+
+# --------------------------------------------------------------------------- declared layouts
+
+FILE_BINDINGS = 'bindings = "bindings.json"'
+
+
+def with_bindings(value: str) -> str:
+    return VALID_NEST.replace(FILE_BINDINGS, f"bindings = {value}")
+
+
+def test_a_declared_layout_is_read_with_its_spellings(tmp_path):
+    m = load_manifest(write_entry(tmp_path, nest=with_bindings('{ layout = "bert", prefix = "" }')))
+    assert m.weights.bindings == LayoutBindings("bert", "", "weight/bias")  # torch's spelling by default
+
+
+@pytest.mark.parametrize("value, code, message", [
+    ('{ layout = "gpt2", prefix = "" }', "E0912",
+     '[weights].bindings.layout must name a declared layout ("bert"), found "gpt2"'),
+    ('{ layout = "bert", prefix = "model." }', "E0912",
+     '[weights].bindings.prefix must be one the "bert" layout\'s checkpoints use: "bert." (every BertFor* '
+     'class); "" (BertModel); found "model."'),
+    ('{ layout = "bert", prefix = "", layer_norm = "scale/shift" }', "E0912",
+     '[weights].bindings.layer_norm must be "weight/bias" or "gamma/beta", found "scale/shift"'),
+    ('{ layout = "bert" }', "E0904", "[weights].bindings is missing required field `prefix`"),
+    ('{ layout = "bert", prefix = "", layer_norms = "gamma/beta" }', "E0906",
+     "[weights].bindings has unknown field `layer_norms` (did you mean `layer_norm`?)"),
+    ('{ layout = 1, prefix = "" }', "E0905", "[weights].bindings.layout must be a string, found int 1"),
+    ("3", "E0905", "[weights].bindings must be a string (a bindings file) or a table (a declared layout), "
+                   "found int 3"),
+])
+def test_a_bad_declared_layout_is_named_at_its_line(tmp_path, value, code, message):
+    bad = with_bindings(value)
+    d = only_diagnostic(write_entry(tmp_path, nest=bad))
+    assert (d.code, d.message) == (code, f"nest.toml: {message}")
+    assert d.span.line == bad.splitlines().index(f"bindings = {value}") + 1
 
 
 def test_symlink_out_of_the_entry_is_caught(tmp_path):

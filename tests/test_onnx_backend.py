@@ -131,7 +131,7 @@ def test_token_ids_stay_int32(minilm_graph):
 def test_metadata_records_preconditions_and_source(minilm_graph):
     props = {p.key: p.value for p in minilm_graph.metadata_props}
     assert props["linnet.preconditions"] == "S <= 512"
-    assert "lib.linnet:" in props["linnet.preconditions.where"]
+    assert "forward: nest/bert-base-uncased/src/lib.linnet:" in props["linnet.preconditions.where"]
     assert props["linnet.outputs"] == "forward=hidden, hidden_states=hidden_states, pool=pooled, embed=embedding"
     assert "D=384" in props["linnet.generics"] and "Layers=6" in props["linnet.generics"]
     assert props["linnet.version"]
@@ -142,8 +142,8 @@ def test_nodes_point_back_to_the_source(minilm_graph):
     nodes = minilm_graph.graph.node
     assert all(n.name and n.doc_string for n in nodes)
     query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward/MatMul")]
-    assert len(query) == 1 and "std/nn/linear.linnet:" in query[0].doc_string
-    assert any("lib.linnet:" in n.doc_string for n in nodes)
+    assert len(query) == 1 and " at std/nn/linear.linnet:" in query[0].doc_string
+    assert any(" at nest/bert-base-uncased/src/lib.linnet:" in n.doc_string for n in nodes)
 
 
 def test_fused_forms_and_shared_encoder(minilm_graph):

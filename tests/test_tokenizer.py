@@ -417,8 +417,7 @@ def _entry_with_tokenizer(tmp_path: Path, table: str, *, weights: bool = True) -
     if not weights:
         text = text[:text.index("[weights]")] + text[text.index("[tokenizer]"):]
     (entry / "nest.toml").write_text(text)
-    for name in ("linnet.toml", "bindings.json"):
-        shutil.copyfile(zoo_dir() / "all-minilm-l6-v2" / name, entry / name)
+    shutil.copyfile(zoo_dir() / "all-minilm-l6-v2" / "linnet.toml", entry / "linnet.toml")
     return entry
 
 

@@ -15,6 +15,7 @@ import torch
 
 from fixtures.parity import random_inputs
 from linnet import LinnetError, nest
+from linnet.paths import zoo_dir
 
 BERT_SHAPES = [(1, 1), (2, 7), (3, 128), (4, 512)]
 MINILM_SHAPES = [(1, 1), (2, 7), (4, 128), (1, 512)]
@@ -111,7 +112,9 @@ def test_generated_source_is_cached_and_readable(minilm_torch):
     source = minilm_torch.info.generated.read_text()
     assert "class Model(nn.Module):" in source
     assert "F.scaled_dot_product_attention" in source and "F.layer_norm" in source
-    assert "lib.linnet:" in source  # comments point back to the Linnet source
+    # Comments point back to the Linnet source, named from the folder holding std/ and nest/.
+    assert "  # nest/bert-base-uncased/src/lib.linnet:" in source and "(std/nn/norm.linnet:" in source
+    assert str(zoo_dir()) not in source
     again = nest.load("all-minilm-l6-v2", backend="torch")
     assert again.info.generated == minilm_torch.info.generated
 

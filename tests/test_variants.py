@@ -4,7 +4,7 @@
   and its parameter count equals the count of values in the real `model.safetensors`
   (published in huggingface/safetensors' table of Hub checkpoints, `temp.md`: no cls decoder
   matrix is stored, the decoder being tied to the word embeddings).
-* Its bindings.json verifies against a header-only safetensors file whose keys and shapes
+* Its bindings (the layout its nest.toml declares) verify against a header-only safetensors file whose keys and shapes
   are the checkpoint's, written from `fixtures.checkpoints.bert_base_checkpoint_shapes` (the
   BertForPreTraining layout written out by hand), never from the bindings themselves.
 * A wrong shape or a missing key in such a header is reported as E1009/E1008 naming the key.
@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from fixtures.headers import header_bytes, new_layer_norm_names, write_header_on
 from linnet.compiler import compile_target, locate
 from linnet.diagnostics import LinnetError
 from linnet.nest.manifest import load_manifest
-from linnet.nest.weights import load_bindings, load_tensors, read_index, verify_bindings
+from linnet.nest.weights import entry_bindings, load_tensors, read_index, verify_bindings
 from linnet.params import ParamSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +60,8 @@ def params_of(name: str) -> list[ParamSpec]:
 
 
 def bindings_of(name: str) -> dict[str, str]:
-    return load_bindings(REPO / "nest" / name / "bindings.json")
+    """The entry's bindings as nest.load reads them: its declared layout over its params."""
+    return entry_bindings(load_manifest(REPO / "nest" / name).weights, [p.name for p in params_of(name)])[0]
 
 
 def raises(code: str, call, *args, **kwargs) -> LinnetError:
@@ -245,10 +245,10 @@ def test_only_layer_norm_spellings_are_tried(tmp_path):
     assert "checkpoint key ln.gamma, which the checkpoint does not have" in err.diagnostics[0].message
 
 
-def test_bindings_files_are_the_spec_mapping(tmp_path):
-    """Spot checks of bindings.json against the mapping written out in the issue's spec."""
+def test_bindings_are_the_spec_mapping(tmp_path):
+    """Spot checks of each entry's bindings against the mapping written out in the issue's spec."""
     for name in VARIANTS:
-        bindings = json.loads((REPO / "nest" / name / "bindings.json").read_text())
+        bindings = bindings_of(name)
         last = VARIANTS[name][0]["layers"] - 1
         assert bindings[f"bert.encoder.layers.{last}.attention.out.bias"] == \
             f"bert.encoder.layer.{last}.attention.output.dense.bias"

@@ -34,6 +34,7 @@ from linnet.nest.weights import (
     Cast,
     TensorInfo,
     checkpoint_files,
+    entry_bindings,
     load_bindings,
     load_tensors,
     read_header,
@@ -45,8 +46,15 @@ from linnet.params import ParamSpec
 from linnet.paths import zoo_dir
 
 CLS_KEYS = sorted(k for k in bert_base_checkpoint_shapes() if k.startswith("cls."))
-BERT_BINDINGS = zoo_dir() / "bert-base-uncased" / "bindings.json"
-MINILM_BINDINGS = zoo_dir() / "all-minilm-l6-v2" / "bindings.json"
+
+
+def zoo_bindings(name: str, params: list[ParamSpec] | None = None) -> dict[str, str]:
+    """The bindings a zoo entry declares, as nest.load reads them: its nest.toml's layout over
+    `params` (by default the hand-written list of the entry's root block)."""
+    manifest = load_manifest(name)
+    if params is None:
+        params = bert_param_specs(MINILM if manifest.source.root == "Model" else BERT_BASE, manifest.source.root)
+    return entry_bindings(manifest.weights, [p.name for p in params])[0]
 
 
 @pytest.fixture
@@ -189,8 +197,10 @@ def test_a_key_in_two_files_is_an_error(tmp_path):
 
 
 def test_zoo_bindings_cover_exactly_the_model_params():
-    for path, dims, root in ((BERT_BINDINGS, BERT_BASE, "PreTraining"), (MINILM_BINDINGS, MINILM, "Model")):
-        assert list(load_bindings(path)) == [p.name for p in bert_param_specs(dims, root)]
+    for name, dims, root in (("bert-base-uncased", BERT_BASE, "PreTraining"), ("all-minilm-l6-v2", MINILM, "Model")):
+        names = [p.name for p in bert_param_specs(dims, root)]
+        assert load_manifest(name).source.root == root
+        assert list(zoo_bindings(name, bert_param_specs(dims, root))) == names
 
 
 @pytest.mark.parametrize("text, message, line", [
@@ -223,7 +233,7 @@ def test_missing_bindings_file(tmp_path):
 def test_bert_base_bindings_verify_and_bind_the_pretraining_heads(bert_index, caplog):
     caplog.set_level(logging.INFO, logger="linnet.nest")
     params = bert_param_specs(BERT_BASE, "PreTraining")
-    report = verify_bindings(params, load_bindings(BERT_BINDINGS), bert_index)
+    report = verify_bindings(params, zoo_bindings("bert-base-uncased"), bert_index)
     assert report.unused_keys == []
     assert list(report.bound) == [p.name for p in params]
     assert report.bound["bert.encoder.embeddings.norm.weight"].key == "bert.embeddings.LayerNorm.gamma"
@@ -236,7 +246,7 @@ def test_bert_base_bindings_verify_and_bind_the_pretraining_heads(bert_index, ca
 def test_unused_checkpoint_keys_are_reported_in_one_line(bert_index, caplog):
     # The bare encoder-with-pooler params over the pre-training checkpoint leave its heads over.
     caplog.set_level(logging.INFO, logger="linnet.nest")
-    bindings = {name: key for name, key in load_bindings(BERT_BINDINGS).items() if name.startswith("bert.")}
+    bindings = {name: key for name, key in zoo_bindings("bert-base-uncased").items() if name.startswith("bert.")}
     params = [ParamSpec(f"bert.{p.name}", p.shape, p.dtype) for p in bert_param_specs(BERT_BASE)]
     report = verify_bindings(params, bindings, bert_index)
     assert report.unused_keys == CLS_KEYS
@@ -246,13 +256,13 @@ def test_unused_checkpoint_keys_are_reported_in_one_line(bert_index, caplog):
 
 
 def test_minilm_bindings_verify_against_the_real_file(minilm_index):
-    report = verify_bindings(bert_param_specs(MINILM), load_bindings(MINILM_BINDINGS), minilm_index)
+    report = verify_bindings(bert_param_specs(MINILM), zoo_bindings("all-minilm-l6-v2"), minilm_index)
     assert report.unused_keys == ["embeddings.position_ids"]
     assert len(report.bound) == 103
 
 
 def test_swapped_bindings_name_param_key_and_both_shapes(bert_index):
-    bindings = load_bindings(BERT_BINDINGS)
+    bindings = zoo_bindings("bert-base-uncased")
     for suffix in ("weight", "bias"):
         up, down = f"bert.encoder.layers.0.up.{suffix}", f"bert.encoder.layers.0.down.{suffix}"
         bindings[up], bindings[down] = bindings[down], bindings[up]
@@ -270,7 +280,7 @@ def test_swapped_bindings_name_param_key_and_both_shapes(bert_index):
 
 
 def test_every_binding_problem_is_reported_in_one_error(bert_index):
-    bindings = load_bindings(BERT_BINDINGS)
+    bindings = zoo_bindings("bert-base-uncased")
     del bindings["bert.pooler.dense.bias"]
     # (`LayerNorm.weight` would be found: it is the other spelling of the checkpoint's `gamma`.)
     bindings["bert.encoder.embeddings.norm.weight"] = "bert.embeddings.layer_norm.gamma"
@@ -292,7 +302,7 @@ def test_every_binding_problem_is_reported_in_one_error(bert_index):
 
 def test_diagnostics_point_at_the_bindings_line_when_given_its_path(tmp_path, bert_index):
     path = tmp_path / "bindings.json"
-    bindings = load_bindings(BERT_BINDINGS)
+    bindings = zoo_bindings("bert-base-uncased")
     bindings["bert.encoder.layers.0.up.weight"] = "bert.encoder.layer.0.output.dense.weight"
     path.write_text(json.dumps(bindings, indent=2))
     err = raises("E1009", verify_bindings, bert_param_specs(BERT_BASE, "PreTraining"), bindings, bert_index,
@@ -378,7 +388,7 @@ def test_uncached_revision_says_what_is_missing_and_how_to_provide_it(bert_base_
 def copy_entry(tmp_path: Path, name: str, edit=lambda text: text) -> Path:
     entry = tmp_path / name
     entry.mkdir()
-    for file in ("nest.toml", "linnet.toml", "bindings.json"):
+    for file in ("nest.toml", "linnet.toml"):
         text = (zoo_dir() / name / file).read_text()
         (entry / file).write_text(edit(text) if file == "nest.toml" else text)
     return entry
@@ -465,7 +475,7 @@ def test_entry_without_weights_needs_the_argument(tmp_path):
 
 def test_loaded_tensors_equal_safetensors_own_read(bert_base_checkpoint, bert_index):
     params = bert_param_specs(BERT_BASE, "PreTraining")
-    bindings = load_bindings(BERT_BINDINGS)
+    bindings = zoo_bindings("bert-base-uncased")
     arrays = load_tensors(params, bindings, bert_index)
     assert list(arrays) == [p.name for p in params]
     with safe_open(str(bert_base_checkpoint.file), framework="numpy") as f:
@@ -479,11 +489,24 @@ def test_minilm_loads_for_torch(minilm_checkpoint, minilm_index):
     import torch
 
     params = bert_param_specs(MINILM)
-    bindings = load_bindings(MINILM_BINDINGS)
+    bindings = zoo_bindings("all-minilm-l6-v2")
     tensors = load_tensors(params, bindings, minilm_index, framework="pt")
     with safe_open(str(minilm_checkpoint / "model.safetensors"), framework="pt") as f:
         for param in params:
             assert torch.equal(tensors[param.name], f.get_tensor(bindings[param.name]))
+
+
+def test_a_declared_layout_that_misfits_the_checkpoint_is_named_in_every_problem(tmp_path, minilm_checkpoint):
+    """MiniLM's keys carry no `bert.` prefix: declaring one makes every key absent, and each
+    problem says the declared layout made the key (there is no bindings file to point at)."""
+    from linnet import nest
+
+    entry = copy_entry(tmp_path, "all-minilm-l6-v2", lambda text: text.replace('prefix = ""', 'prefix = "bert."'))
+    err = raises("E1008", nest.prepare, entry)
+    assert len(err.diagnostics) == len(bert_param_specs(MINILM))
+    assert err.diagnostics[0].message == (
+        'param encoder.embeddings.word_embeddings: the "bert" layout ([weights].bindings in nest.toml) binds '
+        "it to checkpoint key bert.embeddings.word_embeddings.weight, which the checkpoint does not have")
 
 
 @pytest.fixture
@@ -546,17 +569,17 @@ def _transformers_name(checkpoint_key: str) -> str:
     return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
-@pytest.mark.parametrize("checkpoint, model, bindings_file", [
-    ("bert_base_checkpoint", "transformers_bert_base", BERT_BINDINGS),
-    ("minilm_checkpoint", "transformers_minilm", MINILM_BINDINGS),
+@pytest.mark.parametrize("checkpoint, model, entry", [
+    ("bert_base_checkpoint", "transformers_bert_base", "bert-base-uncased"),
+    ("minilm_checkpoint", "transformers_minilm", "all-minilm-l6-v2"),
 ])
-def test_transformers_reads_the_same_values_from_the_cache(request, checkpoint, model, bindings_file):
+def test_transformers_reads_the_same_values_from_the_cache(request, checkpoint, model, entry):
     import torch
 
     cached = request.getfixturevalue(checkpoint)
     file = getattr(cached, "file", None) or cached / "model.safetensors"
     state = request.getfixturevalue(model).state_dict()
-    keys = [key for key in load_bindings(bindings_file).values() if not key.startswith("cls.")]
+    keys = [key for key in zoo_bindings(entry).values() if not key.startswith("cls.")]
     assert {_transformers_name(key) for key in keys} == set(state)
     with safe_open(str(file), framework="pt") as f:
         for key in keys:

@@ -7,6 +7,7 @@ then the pooler and any pre-training heads), written out independently of the co
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -92,6 +93,51 @@ def test_cached_means_every_checkpoint_file_is_in_the_hf_cache(tmp_path, monkeyp
     # Another revision of the same repo is not the pinned checkpoint.
     _Snapshot(tmp_path, "google-bert/bert-base-cased", "0" * 40).add_bytes("model.safetensors", b"x")
     assert {e.name for e in nest.list() if e.weights_cached} == {"bert-base-chinese"}
+
+
+# --------------------------------------------------------------------------- bindings vs transformers
+
+#: The transformers class whose checkpoints each root block is bound to.
+TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel"}
+#: Small sizes for the checkpoint transformers writes (the layer count stays the entry's).
+TINY = {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16}
+
+
+def transformers_checkpoint(folder: Path, root: str, layers: int) -> Path:
+    """The model.safetensors transformers' own `save_pretrained` writes for a tiny config of
+    the root's class: its key layout, with no download."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=TINY["Vocab"], max_position_embeddings=TINY["MaxPositions"], type_vocab_size=TINY["TypeVocab"],
+        hidden_size=TINY["D"], num_attention_heads=TINY["Heads"], intermediate_size=TINY["Inner"],
+        num_hidden_layers=layers)
+    getattr(transformers, TRANSFORMERS_CLASS[root])(config).save_pretrained(folder)
+    return folder / "model.safetensors"
+
+
+def torch_spelling(key: str) -> str:
+    """A LayerNorm key as torch names it today (the TF-era `gamma`/`beta` as `weight`/`bias`)."""
+    return re.sub(r"\.LayerNorm\.gamma$", ".LayerNorm.weight", re.sub(r"\.LayerNorm\.beta$", ".LayerNorm.bias", key))
+
+
+@pytest.mark.parametrize("name", entry_dirs())
+def test_each_entrys_bindings_are_the_layout_transformers_writes(tmp_path, name):
+    """Every param of the entry is bound, and the keys bound are exactly those transformers'
+    own class writes for that architecture (LayerNorm spelling aside), at the same shapes."""
+    from linnet.compiler import compile_target, locate
+    from linnet.nest.manifest import load_manifest
+    from linnet.nest.weights import entry_bindings, read_index, verify_bindings
+
+    manifest = load_manifest(name)
+    params = compile_target(locate(str(ZOO / name)), TINY).instance.params
+    bindings, _ = entry_bindings(manifest.weights, [p.name for p in params])
+    assert list(bindings) == [p.name for p in params]
+    written = transformers_checkpoint(tmp_path, manifest.source.root, manifest.generics["Layers"])
+    index = read_index([written])
+    assert {torch_spelling(key) for key in bindings.values()} == set(index)
+    report = verify_bindings(params, bindings, index)
+    assert set(report.bound) == {p.name for p in params} and report.unused_keys == []
 
 
 def copy_entries(folder: Path, *names: str) -> Path:

@@ -39,6 +39,7 @@ from .. import __version__, codes, dtypes, ir, kernels
 from ..diagnostics import Diagnostic, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 from ..ops import Emissions
+from ..paths import source_label
 
 OPSET = 17
 #: IR version 8 is the lowest that opset 17 needs; older runtimes read it too.
@@ -388,7 +389,7 @@ class GraphEmitter:
     def doc(self, frame: _Frame, line: int) -> str:
         fn = frame.fn
         generics = ", ".join(f"{k}={v}" for k, v in fn.generics.items())
-        return f"{fn.source}<{generics}> at {fn.span.file}:{line}"
+        return f"{fn.source}<{generics}> at {source_label(fn.span.file)}:{line}"
 
     def expr(self, e: ir.Expr, frame: _Frame) -> str:
         if isinstance(e, ir.Ref):
@@ -719,7 +720,7 @@ def metadata(program: ir.Program, entries: list[str], outputs: dict[str, str], g
     where = []
     for name in entries:
         for _, _, _, span in program.entries[name].preconditions:
-            where.append(f"{name}: {span.file}:{span.line}")
+            where.append(f"{name}: {source_label(span.file)}:{span.line}")
     props = {
         "linnet.version": __version__,
         "linnet.source": source,

@@ -14,6 +14,7 @@ from typing import Callable
 
 from .. import dtypes, ir, kernels
 from ..ops import Emissions
+from ..paths import source_label
 from .pysource import (ATOM, FunctionNamer, OPERATORS, PyWriter, Scope, arg_texts, comment_generics, comment_text,
                        emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
 
@@ -185,7 +186,7 @@ class TorchEmitter(PyWriter):
         return order
 
     def _class(self, block: ir.Block, methods: list[str]) -> str:
-        source = comment_text(f"{block.span.file}:{block.span.line}" if block.span else block.source)
+        source = comment_text(f"{source_label(block.span.file)}:{block.span.line}" if block.span else block.source)
         lines = [f"class {py_name(block.id)}(nn.Module):",
                  f'    """{comment_text(block.source)}<{comment_generics(block.generics)}>  ({source})"""', "",
                  "    def __init__(self):", "        super().__init__()"]

@@ -236,10 +236,10 @@ def _signature(ctx, entries: dict) -> dict:
 
 
 def _checkpoint_keys(ctx) -> dict[str, str]:
-    """Param path -> checkpoint key from the entry's bindings.json, when it has one (no weights read)."""
+    """Param path -> checkpoint key from the entry's bindings, when it has some (no weights read)."""
     manifest = ctx.manifest
     if manifest is None or manifest.weights is None or manifest.weights.bindings is None:
         return {}
-    from ..nest.weights import load_bindings
+    from ..nest.weights import entry_bindings
 
-    return dict(load_bindings(manifest.weights.bindings))
+    return entry_bindings(manifest.weights, [p.name for p in ctx.compiled.params])[0]

@@ -27,9 +27,11 @@ from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
 from ..lower import lower
 from ..runtime import InputValidator
+from .layouts import LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import BindingReport, load_bindings, locate_checkpoint, load_tensors, read_index, verify_bindings
+from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index,
+                      verify_bindings)
 
 __all__ = ["load", "list", "list_entries", "load_tokenizer", "Model", "Tokenizer", "cache_dir"]
 
@@ -284,20 +286,22 @@ def _files_key(files: list[Path], *parts: object) -> str:
 
 
 def _verified_bindings(manifest: Manifest, params, files: list[Path], index, key: str | None, *, cast_floats: bool):
-    """bindings.json read and verified against the checkpoint headers, remembered per
-    (compiled program, bindings, checkpoint file identity): the check is the same every load."""
-    bindings_file = Path(manifest.weights.bindings)
+    """The entry's bindings (its declared layout, or its bindings.json) verified against the
+    checkpoint headers, remembered per (compiled program, bindings, checkpoint file
+    identity): the check is the same every load."""
+    declared = manifest.weights.bindings
     path = None
     if key is not None:
         try:
-            cache_key = _files_key(files, key, bindings_file.read_bytes(), cast_floats)
+            source = declared.fingerprint() if isinstance(declared, LayoutBindings) else Path(declared).read_bytes()
+            cache_key = _files_key(files, key, source, cast_floats)
             path = cache_dir() / "verified" / f"{manifest.name}-{cache_key}.pickle"
             if path.is_file():
                 return pickle.loads(path.read_bytes())
         except Exception:  # unreadable or stale: verify again
             log.debug("ignoring the verified-bindings cache", exc_info=True)
-    bindings = load_bindings(bindings_file)
-    report = verify_bindings(params, bindings, index, bindings_file=str(bindings_file), cast_floats=cast_floats)
+    bindings, label = entry_bindings(manifest.weights, [p.name for p in params])
+    report = verify_bindings(params, bindings, index, bindings_file=label, cast_floats=cast_floats)
     if path is not None:
         _write_atomically(path, pickle.dumps((bindings, report), protocol=pickle.HIGHEST_PROTOCOL))
     return bindings, report

@@ -9,7 +9,7 @@ What a zoo entry writes down by hand, this module reads from the repo, the way t
    activation, relative positions, another LayerNorm epsilon, a decoder) are refused.
 2. The checkpoint (`model.safetensors`, or the shards a `model.safetensors.index.json`
    names) is indexed from its headers, and each Linnet param is bound to the key transformers
-   stores it under (`HF_KEYS`), in whichever spelling the checkpoint uses (`bert.` prefix or
+   stores it under (`HF_KEYS`, the BERT table of `linnet.nest.layouts`), in whichever spelling the checkpoint uses (`bert.` prefix or
    none, LayerNorm `weight`/`bias` or `gamma`/`beta`).
 3. The result is an `HfManifest` over the bert-base-uncased entry's source, with the
    generated bindings written once to the Linnet cache; `nest.load` then treats it like any
@@ -33,6 +33,7 @@ from .. import codes, dtypes
 from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
 from ..params import ParamSpec
+from .layouts import BERT, LAYER_NORM_SPELLINGS
 from .manifest import Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index
 
@@ -85,29 +86,10 @@ SIZES = (
     ("num_hidden_layers", "Layers", "the number of encoder layers"),
 )
 
-#: Linnet param path -> Hugging Face key.  `{P}` is the checkpoint's prefix ("bert." or
-#: ""); the `bert.` a Linnet path may start with is that of the `bert: Model` sub-block.
-HF_KEYS = tuple((re.compile(pattern), key) for pattern, key in (
-    (r"(?:bert\.)?encoder\.embeddings\.(word|position|token_type)_embeddings", r"{P}embeddings.\1_embeddings.weight"),
-    (r"(?:bert\.)?encoder\.embeddings\.norm\.(weight|bias)", r"{P}embeddings.LayerNorm.\1"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention\.(query|key|value)\.(weight|bias)",
-     r"{P}encoder.layer.\1.attention.self.\2.\3"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention\.out\.(weight|bias)",
-     r"{P}encoder.layer.\1.attention.output.dense.\2"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention_norm\.(weight|bias)",
-     r"{P}encoder.layer.\1.attention.output.LayerNorm.\2"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.up\.(weight|bias)", r"{P}encoder.layer.\1.intermediate.dense.\2"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.down\.(weight|bias)", r"{P}encoder.layer.\1.output.dense.\2"),
-    (r"(?:bert\.)?encoder\.layers\.(\d+)\.output_norm\.(weight|bias)", r"{P}encoder.layer.\1.output.LayerNorm.\2"),
-    (r"(?:bert\.)?pooler\.dense\.(weight|bias)", r"{P}pooler.dense.\1"),
-    (r"mlm\.transform\.(weight|bias)", r"cls.predictions.transform.dense.\1"),
-    (r"mlm\.norm\.(weight|bias)", r"cls.predictions.transform.LayerNorm.\1"),
-    (r"mlm\.bias", "cls.predictions.bias"),
-    (r"nsp\.(weight|bias)", r"cls.seq_relationship.\1"),
-    (r"(classifier|qa_outputs)\.(weight|bias)", r"\1.\2"),
-))
+#: Linnet param path -> Hugging Face key: the BERT layout's table, the one zoo entries name too.
+HF_KEYS = BERT.rules
 #: TF-era checkpoints spell LayerNorm params `gamma`/`beta`.
-_OLD_NORM_NAMES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
+_OLD_NORM_NAMES = LAYER_NORM_SPELLINGS["gamma/beta"]
 WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
 MLM_DECODER = "cls.predictions.decoder.weight"
 
@@ -446,11 +428,7 @@ def _compiled_params(manifest: HfManifest) -> tuple[list[ParamSpec], tuple[str, 
 
 def hf_key(param: str, prefix: str) -> str | None:
     """The key transformers stores a Linnet param under (new-style LayerNorm names)."""
-    for pattern, key in HF_KEYS:
-        found = pattern.fullmatch(param)
-        if found:
-            return found.expand(key.replace("{P}", prefix))
-    return None
+    return BERT.key(param, prefix)
 
 
 def checkpoint_prefix(index: dict[str, TensorInfo], architecture: str) -> str:

@@ -13,6 +13,11 @@ found.
 entry's package (`zoo = "bert-base-uncased"`), so a checkpoint of the same architecture needs
 no copy of the code; `Manifest.source_dir()` resolves either form to the package folder.
 
+`[weights].bindings` either names a declared checkpoint layout with the spellings this
+checkpoint uses (`{ layout = "bert", prefix = "bert.", layer_norm = "gamma/beta" }`, see
+`linnet.nest.layouts`), so entries of one architecture share one key table, or is the path
+of a bindings.json of the entry's own.
+
 `[tokenizer]` (optional) names the tokenizer files in the `[weights]` repo: `vocab.txt`
 with `lowercase = true|false`, or `tokenizer.json`; `linnet.nest.tokenizer` builds it.
 """
@@ -28,6 +33,7 @@ from typing import Any, Callable
 from .. import codes, dtypes
 from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
 from ..paths import zoo_dir
+from .layouts import DEFAULT_LAYER_NORM, LAYER_NORM_SPELLINGS, LAYOUTS, LayoutBindings
 
 #: The codes of the manifest stage, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("manifest")
@@ -79,15 +85,18 @@ class PackagedCopy:
 
 @dataclass(frozen=True)
 class WeightsSpec:
-    """`[weights]`: a Hugging Face repo pinned to a commit, its files, and the bindings file.
+    """`[weights]`: a Hugging Face repo pinned to a commit, its files, and how params bind.
 
-    `bindings` is absolute; `sha256` maps some of `files` to their expected digest.
+    `bindings` is either a declared layout (`LayoutBindings`: the architecture's key table
+    and the spellings this checkpoint uses) or the absolute path of a bindings.json of the
+    entry's own; `weights.entry_bindings` reads either.  `sha256` maps some of `files` to
+    their expected digest.
     """
 
     repo: str
     revision: str
     files: tuple[str, ...]
-    bindings: Path
+    bindings: Path | LayoutBindings
     sha256: dict[str, str]
     #: A local copy of the same files inside an installed Python package, if one is declared.
     package: PackagedCopy | None = None
@@ -298,7 +307,7 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
     repo = table.take("repo", _STR)
     revision = table.take("revision", _STR)
     files = table.take("files", _STR_LIST)
-    bindings = table.take("bindings", _STR)
+    bindings = table.take("bindings", _STR_OR_TABLE)
     pins = table.take("sha256", _TABLE, required=False) or {}
     package_table = table.take("package", _TABLE, required=False)
     table.finish()
@@ -312,11 +321,14 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
         table.problem(codes.BAD_REVISION, "revision", f"[weights].revision must be a 40-hex commit id, found "
                                                       f"\"{revision}\"")
     _check_repo_files(table, files)
-    bindings_path = table.inside_entry(entry_dir, "bindings", bindings) if bindings else None
+    if isinstance(bindings, dict):
+        bound = _read_layout(table, bindings)
+    else:
+        bound = table.inside_entry(entry_dir, "bindings", bindings) if bindings else None
     _check_pins(table, pins, files)
-    if None in (repo, revision, files, bindings_path):
+    if None in (repo, revision, files, bound):
         return None
-    return WeightsSpec(repo=repo, revision=revision, files=tuple(files), bindings=bindings_path,
+    return WeightsSpec(repo=repo, revision=revision, files=tuple(files), bindings=bound,
                        sha256=dict(pins), package=package)
 
 
@@ -344,6 +356,45 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
     if distribution is None or folder is None:
         return None
     return PackagedCopy(distribution=distribution, folder=folder)
+
+
+def _read_layout(table: "_Table", given: dict[str, Any]) -> LayoutBindings | None:
+    """`bindings = { layout = "bert", prefix = "bert.", layer_norm = "gamma/beta" }`: a declared
+    layout (`linnet.nest.layouts`) and the spellings of this entry's checkpoint."""
+    fields = {"layout": True, "prefix": True, "layer_norm": False}
+    problems_before = len(table.file.problems)
+    for key in given:
+        if key not in fields:
+            hint = _did_you_mean(key, fields)
+            table.problem(codes.UNKNOWN_FIELD, "bindings", f"[weights].bindings has unknown field `{key}`{hint}")
+    for key, required in fields.items():
+        if key not in given:
+            if required:
+                table.problem(codes.MISSING_FIELD, "bindings", f"[weights].bindings is missing required field `{key}`")
+        elif not _is_str(given[key]):
+            table.problem(codes.WRONG_FIELD_TYPE, "bindings", f"[weights].bindings.{key} must be a string, found "
+                                                              f"{_describe(given[key])}")
+    if len(table.file.problems) > problems_before:
+        return None
+    layout = LAYOUTS.get(given["layout"])
+    if layout is None:
+        table.problem(codes.BAD_FIELD_VALUE,
+                      "bindings", f"[weights].bindings.layout must name a declared layout "
+                                  f"({', '.join(map(_describe, LAYOUTS))}), found {_describe(given['layout'])}")
+        return None
+    layer_norm = given.get("layer_norm", DEFAULT_LAYER_NORM)
+    if given["prefix"] not in layout.prefixes:
+        choices = "; ".join(f"{_describe(p)} ({who})" for p, who in layout.prefixes.items())
+        table.problem(codes.BAD_FIELD_VALUE,
+                      "bindings", f"[weights].bindings.prefix must be one the \"{layout.name}\" "
+                                  f"layout's checkpoints use: {choices}; found {_describe(given['prefix'])}")
+    elif layer_norm not in LAYER_NORM_SPELLINGS:
+        table.problem(codes.BAD_FIELD_VALUE, "bindings", f"[weights].bindings.layer_norm must be "
+                                                         f"{' or '.join(map(_describe, LAYER_NORM_SPELLINGS))}, "
+                                                         f"found {_describe(layer_norm)}")
+    else:
+        return LayoutBindings(layout.name, given["prefix"], layer_norm)
+    return None
 
 
 def _check_repo_files(table: "_Table", files: list[str] | None) -> None:
@@ -451,6 +502,8 @@ class _Kind:
 _STR = _Kind("a string", _is_str)
 _STR_LIST = _Kind("an array of strings", lambda v: isinstance(v, list) and all(map(_is_str, v)))
 _TABLE = _Kind("a table", lambda v: isinstance(v, dict))
+_STR_OR_TABLE = _Kind("a string (a bindings file) or a table (a declared layout)",
+                      lambda v: isinstance(v, (str, dict)))
 _BOOL = _Kind("a boolean (true or false)", lambda v: isinstance(v, bool))
 
 

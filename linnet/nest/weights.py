@@ -9,7 +9,8 @@ The steps run in this order, and nothing reads tensor data before the last one:
 2. `read_index` parses only the safetensors headers (key, dtype, shape, byte range), and
    rejects truncated or inconsistent files before anyone memory-maps them.
 3. `verify_bindings` matches the compiled model's `ParamSpec`s against that index through
-   the entry's `bindings.json` and reports every problem in one error.
+   the entry's bindings (`entry_bindings`: its declared layout, or a bindings.json) and
+   reports every problem in one error.
 4. `load_tensors` memory-maps the files with `safetensors.safe_open` and materialises each
    parameter for numpy, PyTorch or JAX.
 
@@ -34,6 +35,7 @@ from ..arrays import Framework, framework as framework_named
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
 from ..params import ParamSpec
 from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
+from .layouts import LayoutBindings
 from .manifest import Manifest, WeightsSpec
 
 #: The codes of the weights stage, with what they mean (a view of the registry in linnet/codes.py).
@@ -314,6 +316,18 @@ def _corrupt(file: Path, reason: str) -> LinnetError:
 
 
 # --------------------------------------------------------------------------- bindings
+
+
+def entry_bindings(spec: WeightsSpec, param_names: Iterable[str]) -> tuple[dict[str, str], str]:
+    """An entry's bindings (param -> checkpoint key) and the name diagnostics give their source.
+
+    `[weights].bindings` either names a declared layout, whose table maps the compiled
+    params' names, or is a bindings.json of the entry's own, read as it is (the file's
+    absolute path is then the name, so diagnostics point at its lines).
+    """
+    if isinstance(spec.bindings, LayoutBindings):
+        return spec.bindings.bindings(param_names), spec.bindings.label
+    return load_bindings(spec.bindings), str(spec.bindings)
 
 
 def load_bindings(path: str | Path) -> dict[str, str]:

@@ -12,9 +12,10 @@ cache (the Linnet sources, the manifest and the compiler); a listing after the f
 cheap.  Nothing is downloaded: "cached" only asks the Hugging Face cache whether every
 checkpoint file of the pinned revision is already there.
 
-`bert_bindings` writes a `bindings.json` for a BERT-family entry: the Linnet param paths of
-`nest/bert-base-uncased/src/lib.linnet` mapped to Hugging Face checkpoint keys, as `hf:`
-loading maps them.  The zoo's google-bert variants were generated with it (docs/zoo.md).
+`bert_bindings` gives the bindings of a BERT-family entry as a dict (for an entry written
+with a bindings.json of its own, as tests do): the Linnet param paths of
+`nest/bert-base-uncased/src/lib.linnet` mapped to Hugging Face checkpoint keys by the BERT
+layout, which the zoo's entries name in nest.toml (docs/zoo.md) and `hf:` loading uses.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from .. import dtypes
 from ..diagnostics import LinnetError
+from .layouts import BERT, LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
 
 log = logging.getLogger("linnet.nest")
@@ -194,27 +196,17 @@ def human_bytes(n: int | None) -> str:
 
 # --------------------------------------------------------------------------- BERT bindings
 
-#: The TF-era spelling of LayerNorm keys, which the original google-bert conversions use.
-_OLD_LAYER_NORM = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
-
-
 def bert_bindings(param_names: list[str], *, prefix: str = "bert.", old_layer_norm: bool = True) -> dict[str, str]:
-    """bindings.json for a BERT-family entry: each param path -> its checkpoint key, in order.
+    """A bindings dict for a BERT-family entry: each param path -> its checkpoint key, in order.
 
-    The mapping is the one `hf:` loading uses (`linnet.nest.hf.hf_key`).  prefix: "bert."
-    when the checkpoint's encoder keys carry it (BertFor* checkpoints), "" for bare
-    BertModel ones.  old_layer_norm: write LayerNorms as `gamma`/`beta` (the original
-    google-bert conversions) rather than `weight`/`bias`; binding accepts either anyway.
+    The mapping is the BERT layout (`linnet.nest.layouts.BERT`), the one zoo entries name in
+    nest.toml and `hf:` loading binds with.  prefix: "bert." when the checkpoint's encoder
+    keys carry it (BertFor* checkpoints), "" for bare BertModel ones.  old_layer_norm: write
+    LayerNorms as `gamma`/`beta` (the original google-bert conversions) rather than
+    `weight`/`bias`; binding accepts either anyway.
     """
-    from .hf import hf_key
-
-    bindings = {}
-    for name in param_names:
-        key = hf_key(name, prefix)
-        if key is None:
-            raise ValueError(f"{name} is not a param path of the BERT package")
-        for new, old in _OLD_LAYER_NORM.items() if old_layer_norm else ():
-            if key.endswith(new):
-                key = key[: -len(new)] + old
-        bindings[name] = key
-    return bindings
+    unmapped = [name for name in param_names if BERT.key(name, prefix) is None]
+    if unmapped:
+        raise ValueError(f"{unmapped[0]} is not a param path of the BERT package")
+    spelling = "gamma/beta" if old_layer_norm else "weight/bias"
+    return LayoutBindings(BERT.name, prefix, spelling).bindings(param_names)

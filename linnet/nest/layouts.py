@@ -1,0 +1,127 @@
+"""Checkpoint layouts: how one architecture's Linnet param paths map to the keys transformers stores.
+
+Every checkpoint of one architecture stores its tensors under the same names, up to two
+spellings: whether the encoder's keys carry the head class's prefix (`bert.` in every
+`BertFor*` checkpoint, none in a bare `BertModel` one) and how LayerNorms are named
+(`weight`/`bias` as torch writes them today, `gamma`/`beta` in the TF-era conversions of the
+original google-bert checkpoints).  So the mapping is declared once per architecture, here,
+and a zoo entry names it in its nest.toml instead of carrying a copy as a bindings.json:
+
+    [weights]
+    bindings = { layout = "bert", prefix = "bert.", layer_norm = "gamma/beta" }
+
+`hf:` loading (`linnet.nest.hf`) binds with the same table, choosing the spellings from the
+checkpoint it finds; `linnet.nest.weights.entry_bindings` turns either form of
+`[weights].bindings` (a declared layout, or a bindings.json of the entry's own) into the
+param -> key dict that `verify_bindings` checks against the checkpoint's headers.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One architecture's key table: a rule per group of params, `{P}` standing for the prefix."""
+
+    name: str
+    #: What the layout maps, for messages.
+    summary: str
+    rules: tuple[tuple[re.Pattern, str], ...]
+    #: The prefixes its checkpoints use, each with the transformers classes that write it.
+    prefixes: dict[str, str]
+
+    def key(self, param: str, prefix: str) -> str | None:
+        """The key a param is stored under (LayerNorms as `weight`/`bias`), or None if unmapped."""
+        for pattern, key in self.rules:
+            found = pattern.fullmatch(param)
+            if found:
+                return found.expand(key.replace("{P}", prefix))
+        return None
+
+
+def _rules(*pairs: tuple[str, str]) -> tuple[tuple[re.Pattern, str], ...]:
+    return tuple((re.compile(pattern), key) for pattern, key in pairs)
+
+
+#: The BERT source (`nest/bert-base-uncased/src/lib.linnet`) against transformers' Bert* classes.
+#: The `bert.` a Linnet path may start with is that of the heads' `bert: Model` sub-block.
+BERT = Layout(
+    name="bert",
+    summary="the BERT source's params as transformers' Bert* classes store them",
+    rules=_rules(
+        (r"(?:bert\.)?encoder\.embeddings\.(word|position|token_type)_embeddings", r"{P}embeddings.\1_embeddings.weight"),
+        (r"(?:bert\.)?encoder\.embeddings\.norm\.(weight|bias)", r"{P}embeddings.LayerNorm.\1"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention\.(query|key|value)\.(weight|bias)",
+         r"{P}encoder.layer.\1.attention.self.\2.\3"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention\.out\.(weight|bias)",
+         r"{P}encoder.layer.\1.attention.output.dense.\2"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.attention_norm\.(weight|bias)",
+         r"{P}encoder.layer.\1.attention.output.LayerNorm.\2"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.up\.(weight|bias)", r"{P}encoder.layer.\1.intermediate.dense.\2"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.down\.(weight|bias)", r"{P}encoder.layer.\1.output.dense.\2"),
+        (r"(?:bert\.)?encoder\.layers\.(\d+)\.output_norm\.(weight|bias)", r"{P}encoder.layer.\1.output.LayerNorm.\2"),
+        (r"(?:bert\.)?pooler\.dense\.(weight|bias)", r"{P}pooler.dense.\1"),
+        (r"mlm\.transform\.(weight|bias)", r"cls.predictions.transform.dense.\1"),
+        (r"mlm\.norm\.(weight|bias)", r"cls.predictions.transform.LayerNorm.\1"),
+        (r"mlm\.bias", "cls.predictions.bias"),
+        (r"nsp\.(weight|bias)", r"cls.seq_relationship.\1"),
+        (r"(classifier|qa_outputs)\.(weight|bias)", r"\1.\2"),
+    ),
+    prefixes={"bert.": "every BertFor* class", "": "BertModel"},
+)
+
+#: Every declared layout by the name nest.toml gives it.
+LAYOUTS = {layout.name: layout for layout in (BERT,)}
+
+#: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
+#: writes (torch's), and what each becomes.
+LAYER_NORM_SPELLINGS = {
+    "weight/bias": {},
+    "gamma/beta": {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"},
+}
+DEFAULT_LAYER_NORM = "weight/bias"
+
+
+def with_old_layer_norm_names(key: str) -> str:
+    """`key` in the TF-era LayerNorm spelling (`...LayerNorm.gamma`); other keys unchanged."""
+    return _respell(key, LAYER_NORM_SPELLINGS["gamma/beta"])
+
+
+def _respell(key: str, suffixes: dict[str, str]) -> str:
+    for new, old in suffixes.items():
+        if key.endswith(new):
+            return key[: -len(new)] + old
+    return key
+
+
+@dataclass(frozen=True)
+class LayoutBindings:
+    """`[weights].bindings` given as a declared layout and the spellings its checkpoint uses."""
+
+    layout: str
+    prefix: str
+    layer_norm: str = DEFAULT_LAYER_NORM
+
+    @property
+    def label(self) -> str:
+        """How binding diagnostics name where the bindings came from."""
+        return f'the "{self.layout}" layout ([weights].bindings in nest.toml)'
+
+    def fingerprint(self) -> bytes:
+        """What the bindings depend on (this declaration and the layout's table), for cache keys."""
+        layout = LAYOUTS[self.layout]
+        return repr((self, [(pattern.pattern, key) for pattern, key in layout.rules])).encode()
+
+    def bindings(self, param_names: Iterable[str]) -> dict[str, str]:
+        """param -> checkpoint key, in order; a param the layout does not map is left out, so
+        `verify_bindings` reports it as unbound (E1006)."""
+        layout, suffixes = LAYOUTS[self.layout], LAYER_NORM_SPELLINGS[self.layer_norm]
+        bindings = {}
+        for name in param_names:
+            key = layout.key(name, self.prefix)
+            if key is not None:
+                bindings[name] = _respell(key, suffixes)
+        return bindings
