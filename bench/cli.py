@@ -18,7 +18,6 @@ import contextlib
 import datetime as dt
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys

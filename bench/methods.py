@@ -384,7 +384,7 @@ class TritonLinnetPython(Method):
     def build(self) -> None:
         from linnet.nest import prepare
         from linnet.testing.triton_server import provision
-        from linnet.triton import export_triton
+        from linnet.serving.triton import export_triton
 
         started = time.perf_counter()
         self.tools = provision()

@@ -77,7 +77,7 @@ def _register(code: str, slug: str, stage: str, summary: str, reserved: str | No
     return record
 
 
-# -- parse: reading source files (parser.py)
+# -- parse: reading source files (front/parser.py)
 BAD_CHARACTER: Final = _register("E0001", "bad-character", "parse",
     "syntax: a character that cannot start any token")
 UNEXPECTED_TOKEN: Final = _register("E0002", "unexpected-token", "parse",
@@ -87,7 +87,7 @@ UNREADABLE_SOURCE: Final = _register("E0003", "unreadable-source", "parse",
 NESTING_TOO_DEEP: Final = _register("E0004", "nesting-too-deep", "parse",
     "an expression nested too deeply (over 200 levels); split it with `let`")
 
-# -- resolve: modules, imports and the paths given to the compiler (resolve.py, compiler.py)
+# -- resolve: modules, imports and the paths given to the compiler (front/resolve.py, cli/targets.py)
 UNKNOWN_MODULE: Final = _register("E0101", "unknown-module", "resolve", "`use` of a module that does not exist")
 UNKNOWN_IMPORT: Final = _register("E0102", "unknown-import", "resolve",
     "`use` of a name the module does not define")
@@ -104,7 +104,7 @@ BAD_TARGET_PATH: Final = _register("E0108", "bad-target-path", "resolve",
     "a path given to `linnet check`/`build` is missing, or is neither a `.linnet` file, a package nor "
     "a zoo entry")
 
-# -- check: types, dims and where clauses (check.py, prims.py)
+# -- check: types, dims and where clauses (check/, prims.py)
 UNKNOWN_NAME: Final = _register("E0201", "unknown-name", "check", "an unknown name or dim")
 UNKNOWN_FUNCTION: Final = _register("E0202", "unknown-function", "check",
     "an unknown function, or a block has no function by that name")
@@ -195,7 +195,7 @@ WHERE_VIOLATED: Final = _register("E0401", "where-violated", "check",
 WHERE_UNPROVEN: Final = _register("E0402", "where-unproven", "check",
     "a `where` clause the caller's facts cannot prove")
 
-# -- instantiate: concrete generics and check dims (instantiate.py, compiler.py)
+# -- instantiate: concrete generics and check dims (middle/instantiate.py, compiler.py)
 CHECK_DIMS_PRECONDITION: Final = _register("E0403", "check-dims-precondition", "instantiate",
     "an entry precondition false at the `[check]` dims or `--set` values")
 UNKNOWN_ROOT: Final = _register("E0501", "unknown-root", "instantiate",
@@ -213,7 +213,7 @@ IMPOSSIBLE_SHAPE: Final = _register("E0505", "impossible-shape", "instantiate",
 SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate",
     "`--set` given for a file or package: values can only be set for a zoo entry")
 
-# -- lower: the backend-neutral IR (lower.py)
+# -- lower: the backend-neutral IR (middle/lower.py)
 DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",
     "lowering: a function needs a dim at run time that no input axis carries")
 
@@ -256,7 +256,7 @@ ONNX_BAD_DEVICE: Final = _register("E0832", "onnx-bad-device", "backend",
 BUILD_DTYPE_MISMATCH: Final = _register("E0833", "build-dtype-mismatch", "backend",
     "`build(dtype=...)` disagrees with the dtype the program was prepared with")
 
-# -- triton: writing a Triton model repository (triton.py)
+# -- triton: writing a Triton model repository (serving/triton.py)
 TRITON_BAD_OPTION: Final = _register("E0840", "triton-bad-option", "triton",
     "`export-triton`: unknown Triton runtime, or `max_batch_size` not a whole number ≥ 0")
 TRITON_BAD_MODEL_NAME: Final = _register("E0841", "triton-bad-model-name", "triton",
@@ -369,7 +369,7 @@ BAD_TOKENIZER_INPUT: Final = _register("E1204", "bad-tokenizer-input", "tokenize
     "that is not valid Unicode (a lone surrogate); a bad `max_length` or `padding`; rows of "
     "different lengths with `padding=False`")
 
-# -- cli: the `linnet` command's own checks (run.py)
+# -- cli: the `linnet` command's own checks (cli/run.py)
 TASK_UNAVAILABLE: Final = _register("E1301", "task-unavailable", "cli",
     "`linnet run --task T`: the model lacks the entry that task needs (`mlm`, `embed`, `logits`, "
     "`pool`), or fill-mask was asked with no `[MASK]` in any text")

@@ -1,8 +1,9 @@
-"""The front end as one call: a path or zoo name in, a checked (and instantiated) model out.
+"""The front half of the pipeline as one call: a target in, a checked (and instantiated) model out.
 
-`linnet check`, `linnet build` and `nest.load` all start here, so they agree on what a path
-means: a zoo entry (a folder with nest.toml, or its name), a package (a folder with
-linnet.toml) or a single `.linnet` file.
+`linnet check`, `linnet build` and `nest.load` all start here.  A `Target` is a zoo entry
+(with its manifest), a package (a folder with linnet.toml) or a single `.linnet` file; the
+command line turns what a user typed into one (`linnet.cli.targets`), the zoo loader builds
+one from a manifest.  Nothing here imports the zoo.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 from . import codes
 from .check import CheckedProgram, check
 from .diagnostics import Diagnostic, LinnetError, SourceMap, Span, error
-from .instantiate import Instance, ValueOrigin, instantiate
-from .resolve import Program, display_path, load_file, load_package
+from .middle.instantiate import Instance, ValueOrigin, instantiate
+from .front.resolve import Program, display_path, load_file, load_package
 
 
 @dataclass
@@ -33,40 +34,6 @@ class Compiled:
     instance: Instance | None = None
     generics: dict[str, int | str] = field(default_factory=dict)
     check_dims: dict[str, int] = field(default_factory=dict)
-
-
-def locate(path_or_name: str | Path) -> Target:
-    path = Path(path_or_name)
-    if path.is_file() and path.suffix == ".linnet":
-        return Target("file", path)
-    if path.is_dir() and (path / "linnet.toml").is_file() and not (path / "nest.toml").is_file():
-        return Target("package", path)
-    # What is clearly meant as a file or a folder gets a message about that file or folder,
-    # not "no zoo entry named 'src/model.linnet'".
-    if path.suffix == ".linnet" and not path.exists():
-        raise error(codes.BAD_TARGET_PATH, f"no such file: {path}")
-    if path.is_file():
-        raise error(codes.BAD_TARGET_PATH, f"{path} is not a Linnet source file (expected a .linnet file, a package "
-                                           "folder with linnet.toml, or a zoo entry)")
-    if path.is_dir() and not (path / "nest.toml").is_file() and not _is_zoo_name(str(path_or_name)):
-        raise error(codes.BAD_TARGET_PATH,
-                    f"folder {path} is neither a package (no linnet.toml) nor a zoo entry (no nest.toml)")
-    from .nest.manifest import load_manifest  # the zoo is optional for plain files and packages
-
-    manifest = load_manifest(path_or_name)
-    return Target("entry", manifest.dir, manifest)
-
-
-def _is_zoo_name(text: str) -> bool:
-    """A bare name of a zoo entry (a local folder of the same name does not shadow it)."""
-    from .paths import zoo_dir
-
-    if not text or "/" in text or "\\" in text or text in (".", ".."):
-        return False
-    try:
-        return (zoo_dir() / text / "nest.toml").is_file()
-    except FileNotFoundError:
-        return False
 
 
 def load_program(target: Target, sources: SourceMap | None = None) -> Program:

@@ -49,6 +49,10 @@ completely: equalities that solve for a symbol become substitutions, `p % q == 0
 `q * (p / q)` become `p`, and comparisons are decided from lower bounds (every symbol is
 >= 0; `c * x + k >= 0` clauses bound atoms; one or two clauses may be subtracted from a
 difference whose sign is wanted).  An answer of None means "not proven either way".
+
+Why one long module: the normal form, the facts and the decision procedures call each
+other at every step (normalising needs facts, facts store normal forms), so splitting them
+would only trade one file for a ring of mutual imports.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Lowering keeps calls of std functions as calls, so a backend may write one as a fused
 kernel of its own (`F.layer_norm`, ONNX's LayerNormalization) instead of its Linnet body,
-and `linnet.optimize` finds the Linears and attention calls it rewrites.  Each key is
+and `linnet.middle.optimize` finds the Linears and attention calls it rewrites.  Each key is
 `<module>::<function>` or `<module>::<Block>.<method>`, as `ir.Function.source` holds it;
 they are spelled here once, and tests/test_ops.py checks that each names a function of std/.
 """

@@ -67,7 +67,7 @@ INDEX_ITEMS = AttrType("tuple[IndexItem]", lambda v: isinstance(v, tuple) and al
 
 
 class PrimLowering(Protocol):
-    """One call of a primitive as its lowering hook sees it (`linnet.lower` implements it).
+    """One call of a primitive as its lowering hook sees it (`linnet.middle.lower` implements it).
 
     Arguments are lowered once, in order, the first time a hook asks for them.
     """

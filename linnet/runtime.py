@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codes, dtypes, ir
+from . import codes, dtypes
+from .middle import ir
 from .diagnostics import Diagnostic, LinnetError, Note
 from .dims import DimError, sym
 

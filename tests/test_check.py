@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from linnet import ast
+from linnet.front import ast
 from linnet.check import CheckedProgram, check
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import LinnetError
 from linnet.dims import const, sym
-from linnet.instantiate import instantiate
-from linnet.resolve import load_file
+from linnet.middle.instantiate import instantiate
+from linnet.front.resolve import load_file
 from linnet.types import SubArrayT, SubT, TensorT, Variadic
 
 REPO = Path(__file__).resolve().parent.parent

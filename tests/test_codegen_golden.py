@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linnet.compiler import compile_target, locate
-from linnet.lower import lower
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
+from linnet.middle.lower import lower
 from linnet.nest.manifest import load_manifest
 from linnet.paths import zoo_dir
 
@@ -77,13 +78,13 @@ def _each(programs, render) -> str:
 
 
 def test_torch_source_is_the_golden_one(programs):
-    from linnet.backends import pytorch
+    from linnet.backends import torch_source as pytorch
 
     check_golden(_each(programs, lambda program, _: pytorch.emit(program)), f"{ENTRY}.torch.py")
 
 
 def test_jax_source_is_the_golden_one(programs):
-    from linnet.backends import jax
+    from linnet.backends import jax_source as jax
 
     check_golden(_each(programs, lambda program, _: jax.emit(program)), f"{ENTRY}.jax.py")
 
@@ -98,7 +99,7 @@ def test_onnx_graph_is_the_golden_one(programs):
 def onnx_summary(program, generics: dict) -> str:
     """The entry's ONNX models as text; the weights are zeros, only their names and shapes show."""
     from linnet import dtypes
-    from linnet.backends import onnx as onnx_backend
+    from linnet.backends import onnx_graph as onnx_backend
 
     tensors = {path: np.zeros([d.as_int() for d in t.dims], dtypes.by_name(t.dtype).numpy_type())
                for path, t in program.param_paths()}

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linnet.backends import jax as jax_backend
-from linnet.backends import pytorch
+from linnet.backends import jax_source as jax_backend
+from linnet.backends import torch_source as pytorch
 from linnet.backends.pysource import comment_text, py_dim, py_name
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.dims import sym
-from linnet.lower import lower
+from linnet.middle.lower import lower
 
 MARKER = "LINNET_PWNED_MARKER"
 
@@ -241,7 +242,7 @@ def test_hostile_names_run_correctly_on_every_backend(hostile, backend):
 
 def test_onnx_node_and_initializer_names_are_unique_and_payload_free(hostile):
     from linnet import nest
-    from linnet.backends import onnx as onnx_backend
+    from linnet.backends import onnx_graph as onnx_backend
 
     entry, marker, weights, _ = hostile
     import onnx

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linnet import ir
-from linnet.compiler import compile_target, locate
+from linnet.middle import ir
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import InternalError, LinnetError
 from linnet.dims import const
-from linnet.lower import lower
+from linnet.middle.lower import lower
 
 DIM, LAYERS = 4, 3
 
@@ -355,8 +356,8 @@ def test_collect_is_a_keyword_only_in_its_place(tmp_path):
 
 
 def test_generated_torch_and_jax_code_show_the_list_and_one_stack(stack_entry):
-    from linnet.backends import jax as jax_backend
-    from linnet.backends import pytorch
+    from linnet.backends import jax_source as jax_backend
+    from linnet.backends import torch_source as pytorch
 
     entry, _, _ = stack_entry
     program = lower(compile_target(locate(entry)).instance)
@@ -383,7 +384,7 @@ def test_onnx_stacks_with_unsqueeze_and_one_concat(stack_entry):
     import onnx
 
     from linnet import nest
-    from linnet.backends import onnx as onnx_backend
+    from linnet.backends import onnx_graph as onnx_backend
 
     entry, weights_file, _ = stack_entry
     ctx, _ = nest.prepare(entry, weights=weights_file)
@@ -447,10 +448,10 @@ def test_shadowed_names_keep_their_values_in_generated_code(tmp_path):
     `let`, the loop variable, the stack's own name) is renamed there, never overwritten."""
     import torch
 
-    from linnet.backends import pytorch
+    from linnet.backends import torch_source as pytorch
     from linnet.backends.pysource import import_generated
     from linnet.backends.torch_runtime import torch_param_name
-    from linnet.instantiate import instantiate
+    from linnet.middle.instantiate import instantiate
 
     compiled, _ = check_source(tmp_path, SHADOWING, "shadows.linnet")
     program = lower(instantiate(compiled.checked, "Shadows", {"D": 3, "N": 2}))
@@ -533,12 +534,12 @@ def test_nested_collects_over_any_leading_dims_on_torch_jax_and_onnx(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from linnet.backends import jax as jax_backend
-    from linnet.backends import onnx as onnx_backend
-    from linnet.backends import pytorch
+    from linnet.backends import jax_source as jax_backend
+    from linnet.backends import onnx_graph as onnx_backend
+    from linnet.backends import torch_source as pytorch
     from linnet.backends.pysource import import_generated
     from linnet.backends.torch_runtime import torch_param_name
-    from linnet.instantiate import instantiate
+    from linnet.middle.instantiate import instantiate
 
     compiled, _ = check_source(tmp_path, NESTED, "nested.linnet")
     groups, inner = 2, 3

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import LinnetError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from linnet import codes
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import LinnetError
 from linnet.prims import PRIMS
 

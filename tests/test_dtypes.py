@@ -71,7 +71,7 @@ def test_torch_type_has_the_width_kind_and_range(d):
 
 
 def test_generated_torch_spelling_is_the_torch_attribute():
-    from linnet.backends.pytorch import torch_dtype
+    from linnet.backends.torch_source import torch_dtype
 
     for d in dtypes.LINNET:
         assert eval(torch_dtype(d.name), {"torch": torch}) is d.torch_type()
@@ -83,7 +83,7 @@ def test_generated_torch_spelling_is_the_torch_attribute():
 @pytest.mark.parametrize("d", LINNET)
 def test_jax_type_is_the_same_dtype_as_numpy(d):
     jnp = pytest.importorskip("jax.numpy")
-    from linnet.backends.jax import jax_dtype
+    from linnet.backends.jax_source import jax_dtype
 
     jax_type = d.jax_type()
     assert jnp.dtype(jax_type) == d.numpy_type()

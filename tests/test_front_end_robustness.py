@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import LinnetError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -170,7 +170,8 @@ def test_folding_a_constant_follows_ieee_instead_of_raising(workspace, targets, 
 def test_diagnostics_quote_the_line_the_parser_counted(workspace, targets, separator):
     """Was: the renderer split lines at form feeds, U+2028, ... (str.splitlines), the parser
     only at newlines, so the quoted line and the caret were wrong."""
-    from linnet.compiler import compile_target, locate
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
     from linnet.diagnostics import LinnetError
 
     path = workspace.root / "golden" / "linebreaks.linnet"
@@ -185,7 +186,8 @@ def test_diagnostics_quote_the_line_the_parser_counted(workspace, targets, separ
 def test_an_unclosed_brace_at_eof_is_located_as_the_parser_counts_lines(workspace, separator):
     """Was: the end-of-file position and the unclosed `{` were found by str.splitlines, so a
     form feed earlier in the file put them on lines or columns that do not exist."""
-    from linnet.compiler import compile_target, locate
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
     from linnet.diagnostics import LinnetError
 
     path = workspace.root / "golden" / "unclosed.linnet"

@@ -153,7 +153,8 @@ def save_transformers_model(cls_name: str, folder: Path, seed: int = 0) -> Path:
 def write_tiny_entry(folder: Path, root: str, entry: str, name: str = "") -> Path:
     """A zoo entry over the zoo's BERT source: root block, toy generics, bindings to the
     transformers layout (written from each param's path, not from the checkpoint)."""
-    from linnet.compiler import compile_target, locate
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
 
     generics = {**TINY_GENERICS, **({"Labels": TINY_LABELS} if "Classification" in root else {})}
     folder.mkdir(parents=True)

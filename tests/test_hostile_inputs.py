@@ -182,7 +182,7 @@ def test_onnxruntime_config_declares_what_the_graph_takes(tmp_path, minilm_check
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from linnet.triton import export_triton
+    from linnet.serving.triton import export_triton
 
     ctx, _ = nest.prepare(MINILM)
     folder = export_triton(ctx, tmp_path, runtime="onnxruntime", max_batch_size=8)

@@ -260,7 +260,7 @@ def all_ops(tmp_path_factory):
 
 
 def torch_outputs(program, params, inputs_by_entry, tmp_path):
-    from linnet.backends.pytorch import write
+    from linnet.backends.torch_source import write
     from linnet.backends.pysource import import_generated
     from linnet.backends.torch_runtime import torch_param_name
 
@@ -281,7 +281,7 @@ def all_ops_inputs(batch: int, seq: int) -> dict[str, list[np.ndarray]]:
 
 
 def test_every_primitive_matches_the_torch_backend(all_ops, tmp_path):
-    from linnet.backends.jax import params_tree, write
+    from linnet.backends.jax_source import params_tree, write
     from linnet.backends.pysource import import_generated
 
     program = all_ops.program
@@ -299,7 +299,7 @@ def test_every_primitive_matches_the_torch_backend(all_ops, tmp_path):
 
 def test_unfused_source_matches_fused(minilm_jax):
     """The fused templates compute what the Linnet bodies do."""
-    from linnet.backends.jax import emit
+    from linnet.backends.jax_source import emit
 
     source = emit(minilm_jax.program, fused=False)
     assert "jax.nn.gelu" not in source and "lax.erf(" in source

@@ -173,8 +173,8 @@ def test_graph_io_for_triton(minilm_checkpoint):
 def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
     import copy
 
-    from linnet import ir
-    from linnet.backends.onnx import layout
+    from linnet.middle import ir
+    from linnet.backends.onnx_graph import layout
 
     program = copy.copy(minilm_onnx.program)
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
@@ -283,7 +283,7 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
         minilm_onnx, minilm_checkpoint, tmp_path, monkeypatch):
     import onnxruntime as ort
 
-    from linnet.backends import onnx as emitter
+    from linnet.backends import onnx_graph as emitter
     from linnet.backends.onnx_runtime import build
 
     monkeypatch.setattr(emitter, "EXTERNAL_DATA_BYTES", 1024)  # pretend MiniLM is past 2 GiB

@@ -17,14 +17,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from linnet import ir, kernels, ops
-from linnet.backends import jax as jax_backend
-from linnet.backends import onnx as onnx_backend
-from linnet.backends import pytorch
-from linnet.compiler import compile_target, locate
+from linnet.middle import ir
+from linnet import kernels, ops
+from linnet.backends import jax_source as jax_backend
+from linnet.backends import onnx_graph as onnx_backend
+from linnet.backends import torch_source as pytorch
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import InternalError, LinnetError
 from linnet.dims import const
-from linnet.lower import lower
+from linnet.middle.lower import lower
 
 BACKEND_TABLES = {"torch": pytorch.EMISSIONS, "jax": jax_backend.EMISSIONS, "onnx": onnx_backend.EMISSIONS}
 
@@ -121,7 +123,7 @@ def test_every_op_has_an_emission_or_a_declared_refusal(backend):
 
 
 def test_stablehlo_exports_the_jax_source_so_it_uses_the_jax_table(program, tmp_path, monkeypatch):
-    from linnet.backends import stablehlo
+    from linnet.backends import stablehlo_export as stablehlo
 
     refusing = ops.Emissions("jax", jax_backend.EMISSIONS)
     refusing.refuse("softmax", "not in this test's jax")

@@ -1,4 +1,4 @@
-"""The optimisation stage (linnet/optimize.py): what it rewrites, the bind-time param plan,
+"""The optimisation stage (linnet/middle/optimize.py): what it rewrites, the bind-time param plan,
 and that the optimised program computes the same numbers as the program as written.
 """
 from __future__ import annotations
@@ -8,8 +8,9 @@ import types
 import numpy as np
 import pytest
 
-from linnet import ir, nest
-from linnet.optimize import ParamTransform, bind_params, optimize
+from linnet.middle import ir
+from linnet import nest
+from linnet.middle.optimize import ParamTransform, bind_params, optimize
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_bind_params_applies_the_plan_once(bert_program):
 def _torch_model(program: ir.Program, params: dict):
     import torch
 
-    from linnet.backends.pytorch import emit
+    from linnet.backends.torch_source import emit
     from linnet.backends.torch_runtime import torch_param_name
     from linnet.backends.pysource import py_name
 

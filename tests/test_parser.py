@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from linnet import ast
+from linnet.front import ast
 from linnet.diagnostics import LinnetError, SourceMap, Span
-from linnet.parser import parse, parse_file
+from linnet.front.parser import parse, parse_file
 from linnet.paths import std_dir
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Triton model repositories (`linnet.triton`, `linnet export-triton`) and a real Triton server.
+"""Triton model repositories (`linnet.serving.triton`, `linnet export-triton`) and a real Triton server.
 
 Configs are parsed with Triton's own protobuf schema (tritonclient's `model_config_pb2`) and
 compared with what the Linnet signatures say, independently of the writer.  The server is
@@ -27,14 +27,14 @@ from linnet.nest import load, prepare
 from linnet.runtime import index_bounds
 from linnet.testing.triton_server import (ProvisionError, ServerError, TritonServer, listening_sockets,
                                           provision)
-from linnet.triton import config_text, export_triton, triton_io
+from linnet.serving.triton import config_text, export_triton, triton_io
 
 MINILM = "all-minilm-l6-v2"
 BERT = "bert-base-uncased"
 #: Served models and the fixture that puts each one's checkpoint into the test cache.
 SERVED = {MINILM: "minilm_checkpoint", BERT: "bert_base_checkpoint"}
 
-#: Linnet dtype -> Triton enum, written out here rather than imported from linnet.triton.
+#: Linnet dtype -> Triton enum, written out here rather than imported from linnet.serving.triton.
 PB_TYPES = {"i32": model_config_pb2.TYPE_INT32, "f32": model_config_pb2.TYPE_FP32,
             "f16": model_config_pb2.TYPE_FP16, "bf16": model_config_pb2.TYPE_BF16}
 

@@ -22,11 +22,12 @@ import pytest
 
 from fixtures.checkpoints import BertDims, bert_base_checkpoint_shapes
 from fixtures.headers import header_bytes, new_layer_norm_names, write_header_only
-from linnet.compiler import compile_target, locate
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
 from linnet.diagnostics import LinnetError
 from linnet.nest.manifest import load_manifest
 from linnet.nest.weights import entry_bindings, load_tensors, read_index, verify_bindings
-from linnet.params import ParamSpec
+from linnet.middle.params import ParamSpec
 
 REPO = Path(__file__).resolve().parent.parent
 

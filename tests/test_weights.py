@@ -42,7 +42,7 @@ from linnet.nest.weights import (
     sha256_of,
     verify_bindings,
 )
-from linnet.params import ParamSpec
+from linnet.middle.params import ParamSpec
 from linnet.paths import zoo_dir
 
 CLS_KEYS = sorted(k for k in bert_base_checkpoint_shapes() if k.startswith("cls."))

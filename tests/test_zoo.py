@@ -125,7 +125,8 @@ def torch_spelling(key: str) -> str:
 def test_each_entrys_bindings_are_the_layout_transformers_writes(tmp_path, name):
     """Every param of the entry is bound, and the keys bound are exactly those transformers'
     own class writes for that architecture (LayerNorm spelling aside), at the same shapes."""
-    from linnet.compiler import compile_target, locate
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
     from linnet.nest.manifest import load_manifest
     from linnet.nest.weights import entry_bindings, read_index, verify_bindings
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__, codes, ir
+from .. import __version__, codes
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 
 #: backend name -> integration module.
@@ -75,7 +76,7 @@ def _code_stamp() -> str:
     older checkout of Linnet (same version number, different emitter) is not reused."""
     root = Path(__file__).resolve().parent.parent
     parts = []
-    for module in sorted(root.glob("*.py")) + sorted(root.glob("backends/*.py")):
+    for module in sorted(m for stage in ("", "front/", "check/", "middle/", "backends/") for m in root.glob(stage + "*.py")):
         try:
             stat = module.stat()
         except OSError:
@@ -94,7 +95,7 @@ class FrontEndResult:
     """
 
     generics: dict
-    params: tuple  # linnet.params.ParamSpec, in the instance's order
+    params: tuple  # linnet.middle.params.ParamSpec, in the instance's order
     module_paths: dict  # module name -> Path of its .linnet file
 
     @classmethod
@@ -114,13 +115,20 @@ class LoadContext:
     manifest: Any = None  # linnet.nest.manifest.Manifest
     #: (framework, dtype) -> {param path: array}; set by whoever knows where the weights are.
     tensor_loader: Callable[[str, str | None], dict[str, Any]] | None = None
-    #: The optimisation stage's result (`linnet.optimize.Optimized`) when `program` is the
+    #: The optimisation stage's result (`linnet.middle.optimize.Optimized`) when `program` is the
     #: optimised program; `tensors()` then returns its params, built by the bind-time plan.
     optimized: Any = None
     #: A digest naming the checkpoint files (path, size, mtime) and the bindings the tensors
     #: come from; a backend whose cached artifact holds the weights (ONNX) keys it by this.
     weights_identity: str | None = None
+    #: () -> {param path: checkpoint key} from the entry's bindings, reading no weights; set by
+    #: the zoo loader (the StableHLO artifact records the keys), None when there are none.
+    key_loader: Callable[[], dict[str, str]] | None = None
     _sources: dict[str, str] | None = field(default=None, repr=False)
+
+    def checkpoint_keys(self) -> dict[str, str]:
+        """Param path -> checkpoint key, or {} when the entry binds no checkpoint."""
+        return self.key_loader() if self.key_loader is not None else {}
 
     def tensors(self, framework: str = "numpy", dtype: str | None = None) -> dict[str, Any]:
         """Every param by path (`encoder.layers.0.attn.q.weight`), verified against the bindings.

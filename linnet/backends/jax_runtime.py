@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codes, ir
+from .. import codes
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 from . import LoadContext
 from .pysource import import_generated
@@ -67,7 +68,7 @@ class JaxRuntime:
     def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict, *, device=None):
         import jax
 
-        from .jax import params_tree
+        from .jax_source import params_tree
 
         self.program = program
         self.device = resolve_device(device)
@@ -85,7 +86,7 @@ class JaxRuntime:
 
 def generated_source(ctx: LoadContext) -> Path:
     """The entry's JAX source, emitted once per cache key."""
-    from .jax import emit
+    from .jax_source import emit
 
     title = f"{ctx.name}, JAX"
     return ctx.cached("jax", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
@@ -101,6 +102,6 @@ def open_runtime(ctx: LoadContext, *, device=None) -> JaxRuntime:
 
 
 def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
-    from .jax import write
+    from .jax_source import write
 
     return [write(ctx.program, out_dir, title=f"{ctx.name}, JAX")]

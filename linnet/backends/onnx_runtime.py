@@ -23,7 +23,7 @@ from ..diagnostics import Diagnostic, LinnetError
 OPTIONS = ("providers",)
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
-#: Passes of `linnet.optimize` that `nest.load` runs for this backend.  Not `fuse_linears`:
+#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `fuse_linears`:
 #: ONNX Runtime prepacks every constant MatMul weight, and one [768, 2304] MatMul measured no
 #: faster than three [768, 768] ones (bit-identical, within run-to-run noise on bert-base,
 #: 2-core CPU), so the graph keeps one node per checkpoint matrix
@@ -37,7 +37,7 @@ DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 def _emit(ctx: LoadContext, bf16_compute: str):
     """The entry's ONNX models in memory, weights included (`onnx.emit` over the context)."""
-    from .onnx import emit
+    from .onnx_graph import emit
 
     manifest = ctx.manifest
     root = manifest.source.entry if manifest is not None else None
@@ -51,7 +51,7 @@ def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> li
     """Emit, save and validate every file of the entry's layout; model.onnx first."""
     import onnx
 
-    from .onnx import save
+    from .onnx_graph import save
 
     files = _emit(ctx, bf16_compute)
     paths: list[Path] = []
@@ -79,7 +79,7 @@ def graph_io(ctx: LoadContext) -> tuple[list[tuple[str, str, list]], list[tuple[
     for fixed sizes and dim names ("B", "S") for the free ones — what a Triton config needs."""
     from onnx import TensorProto
 
-    from .onnx import elem_type, layout, value_dims
+    from .onnx_graph import elem_type, layout, value_dims
 
     program = ctx.program
     first = layout(program, ctx.manifest.source.entry if ctx.manifest is not None else None)[0]
@@ -196,7 +196,7 @@ class OnnxRuntime:
 
         import onnxruntime as ort
 
-        from .onnx import layout
+        from .onnx_graph import layout
 
         self.program = ctx.program
         self.folder = folder

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, dtypes, ir
+from .. import __version__, dtypes
+from ..middle import ir
 from ..diagnostics import InternalError
 from ..dims import DimExpr
 from ..ops import Emissions

@@ -20,16 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codes, ir
+from .. import codes
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError, Note
 from ..dims import DimError
 from . import LoadContext
 from .jax_runtime import resolve_device
 
-log = logging.getLogger("linnet.backends.stablehlo")
+log = logging.getLogger("linnet.backends.stablehlo_export")
 
 #: Keyword arguments of `nest.load` this backend takes.
-#: No `linnet.optimize` passes: the exported artifact is a deliverable of its own, and its
+#: No `linnet.middle.optimize` passes: the exported artifact is a deliverable of its own, and its
 #: signature.json maps each param to its checkpoint key, so its params must be exactly the
 #: checkpoint's (unfused, unscaled).
 OPTIMIZE = ()
@@ -46,7 +47,7 @@ class StableHloRuntime:
         import jax
         from jax import export as jax_export
 
-        from .jax import params_tree
+        from .jax_source import params_tree
 
         self.program = program
         self.folder = folder
@@ -117,7 +118,7 @@ def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
     when this call did it (None when it came from the cache)."""
     import jax
 
-    from .stablehlo import PLATFORMS, write_artifact
+    from .stablehlo_export import PLATFORMS, write_artifact
 
     spent: list[float] = []
 
@@ -141,6 +142,6 @@ def open_runtime(ctx: LoadContext, *, device=None) -> StableHloRuntime:
 
 
 def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
-    from .stablehlo import write_artifact
+    from .stablehlo_export import write_artifact
 
     return write_artifact(ctx, Path(out_dir))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codes, ir
+from .. import codes
+from ..middle import ir
 from . import LoadContext
 from ..diagnostics import Diagnostic, LinnetError
 from .pysource import import_generated, py_name
@@ -96,7 +97,7 @@ class TorchRuntime:
 
 def generated_source(ctx: LoadContext) -> Path:
     """The entry's PyTorch source, emitted once per cache key."""
-    from .pytorch import emit
+    from .torch_source import emit
 
     title = f"{ctx.name}, PyTorch"
     return ctx.cached("torch", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
@@ -120,6 +121,6 @@ def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None,
 
 
 def build(ctx: LoadContext, out_dir: Path) -> list[Path]:
-    from .pytorch import write
+    from .torch_source import write
 
     return [write(ctx.program, out_dir)]

@@ -4,7 +4,7 @@ Blocks and functions are checked once, generically: dims are symbols (`D`, `Head
 the facts in scope are the `where` clauses of the block and the function.  Every call and
 every sub-block instantiation must prove the callee's `where` clauses from those facts, so a
 program that checks is correct for every instantiation that satisfies its root's clauses
-(see `linnet.instantiate`).  The checker records the type of each expression and the generic
+(see `linnet.middle.instantiate`).  The checker records the type of each expression and the generic
 bindings of each call; lowering reuses both by substitution.
 
 Errors are collected per statement: a failed statement gives its bindings an error type
@@ -22,7 +22,7 @@ The package is split by concern:
 """
 from __future__ import annotations
 
-from ..resolve import Program
+from ..front.resolve import Program
 from .core import Checker
 from .cycles import check_call_cycles, check_sub_cycles
 from .declarations import check_declarations

@@ -17,7 +17,7 @@ from typing import Callable, NoReturn
 from .. import codes
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span
 from ..dims import Facts
-from ..resolve import ModuleInfo, Program
+from ..front.resolve import ModuleInfo, Program
 from ..types import Type
 from .program import BlockSig, BroadcastClause, CallInfo, CheckedProgram, FnSig, NameInfo
 

@@ -7,10 +7,11 @@ silently rather than repeat the error.
 """
 from __future__ import annotations
 
-from .. import ast, codes
+from ..front import ast
+from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
-from ..resolve import ModuleInfo
+from ..front.resolve import ModuleInfo
 from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest

@@ -6,7 +6,8 @@
 """
 from __future__ import annotations
 
-from .. import ast, codes
+from ..front import ast
+from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from ..prims import PRIMS, PrimCall

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import ast
+from ..front import ast
 from ..diagnostics import Span
 from ..dims import DimExpr, Facts, sym
-from ..resolve import ModuleInfo, Program
+from ..front.resolve import ModuleInfo, Program
 from ..types import (DIM_KIND, DTYPE_KINDS, SHAPE_KIND, Binding, DTypeVar, ErrorT, SubArrayT, SubT, TensorT, Type,
                      Variadic, dims_only, substitute, substitute_dims)
 

@@ -6,7 +6,8 @@ goes on with the next statement.
 """
 from __future__ import annotations
 
-from .. import ast, codes
+from ..front import ast
+from .. import codes
 from ..diagnostics import Diagnostic, Note, Span
 from ..dims import DimExpr, const
 from ..types import ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type

@@ -5,7 +5,8 @@ Every function here reads only the syntax and the generics in scope (`scope`: na
 """
 from __future__ import annotations
 
-from .. import ast, codes
+from ..front import ast
+from .. import codes
 from ..diagnostics import Note
 from ..dims import DimError, DimExpr, const, floordiv, mod, sym
 from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, SHAPE_KIND, DTypeVar, OptionT, TensorT, Type, Variadic,

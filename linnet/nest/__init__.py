@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codes, ir
+from .. import codes
+from ..middle import ir
 from ..arrays import framework as framework_named, framework_of
 from ..backends import FrontEndResult, LoadContext, available, cache_dir, check_options, integration
 from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
-from ..lower import lower
+from ..middle.lower import lower
 from ..runtime import InputValidator
 from .layouts import LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
@@ -173,8 +174,8 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     """Compile a zoo entry and verify its checkpoint's bindings (headers only): what every
     backend's load and build start from.  Tensors are read later, by the backend, on demand.
 
-    optimize: run `linnet.optimize` over the lowered program (exact rewrites only): True for
-    every pass, or a tuple of pass names (`linnet.optimize.PASSES`); the
+    optimize: run `linnet.middle.optimize` over the lowered program (exact rewrites only): True for
+    every pass, or a tuple of pass names (`linnet.middle.optimize.PASSES`); the
     context's `program` is then the optimised one, and `ctx.tensors()` binds the original
     checkpoint and applies the optimisation's param plan once.
     """
@@ -185,11 +186,14 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
                                      f"{manifest.name} declares no [weights] in nest.toml, so there is "
                                      "no bindings.json to bind a checkpoint with"))
     if optimize is True:
-        from ..optimize import PASSES as optimize
+        from ..middle.optimize import PASSES as optimize
     optimize = tuple(optimize or ())
     key = _compile_key(manifest, dtype, overrides, optimize)
     compiled, program, optimized = _compile(manifest, dtype, overrides, optimize, key)
     ctx = LoadContext(manifest.name, compiled, program, dtype, manifest)
+    if manifest.weights is not None and manifest.weights.bindings is not None:
+        names = [p.name for p in compiled.params]
+        ctx.key_loader = lambda: entry_bindings(manifest.weights, names)[0]
     info = LoadInfo([], None, None, 0.0)
     if need_weights:
         params = list(compiled.params)
@@ -249,7 +253,7 @@ def _compile(manifest: Manifest, dtype: str | None, overrides: dict | None, opti
     _check_outputs(manifest, program)
     optimized = None
     if optimize:
-        from ..optimize import optimize as optimize_program
+        from ..middle.optimize import optimize as optimize_program
 
         optimized = optimize_program(program, passes=optimize)
     result = (FrontEndResult.of(compiled), program, optimized)
@@ -312,7 +316,7 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
     applied.  The params the plan makes (fused Q/K/V weights) are computed once per
     checkpoint and kept as a safetensors file in the cache, so later loads memory-map them
     like the checkpoint itself instead of concatenating ~85 MB again."""
-    from ..optimize import bind_params
+    from ..middle.optimize import bind_params
 
     def load(framework: str, cast: str | None):
         tensors = original(framework, cast)
@@ -385,8 +389,10 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
     digest = hashlib.sha256(f"{__version__}|{dtype}|{sorted((overrides or {}).items())}|{optimize}".encode())
     try:
         compiler = Path(__file__).resolve().parent.parent
-        # linnet/check/ is part of the compiler too, though a package of its own.
-        modules = sorted(compiler.glob("*.py")) + sorted(compiler.glob("check/*.py")) + sorted(compiler.glob("*.lark"))
+        # The compiler's own stages (the top-level modules and the front end, checker and
+        # middle packages), whose output the cache holds.
+        stages = ("", "front/", "check/", "middle/")
+        modules = sorted(m for stage in stages for pattern in ("*.py", "*.lark") for m in compiler.glob(stage + pattern))
         for module in modules:
             stat = module.stat()
             digest.update(f"{module.relative_to(compiler).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
@@ -421,7 +427,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     kernels (torch, eager, CPU): "auto" (default) times each Linear shape once per machine and
     runs it through oneDNN with a packed weight where that is faster and exact (within 1e-5);
     "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).
-    optimize: run the optimisation stage (`linnet.optimize`: fused Q/K/V projections, the
+    optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact); False runs the
     program exactly as written.
     """

@@ -16,6 +16,10 @@ What a zoo entry writes down by hand, this module reads from the repo, the way t
    other entry, so every backend runs it and `verify_bindings` still checks every shape.
 
 Files come through `weights.fetch_file`, with its cache, offline switch and messages.
+
+Why over 500 lines: reading a transformers config.json means one check per field it may
+hold, each with its own message; they are listed here together so the supported subset of
+BERT configs can be read in one place.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from typing import Any
 from .. import codes, dtypes
 from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
-from ..params import ParamSpec
+from ..middle.params import ParamSpec
 from .layouts import BERT, LAYER_NORM_SPELLINGS
 from .manifest import Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index

@@ -20,6 +20,9 @@ of a bindings.json of the entry's own.
 
 `[tokenizer]` (optional) names the tokenizer files in the `[weights]` repo: `vocab.txt`
 with `lowercase = true|false`, or `tokenizer.json`; `linnet.nest.tokenizer` builds it.
+
+Why over 500 lines: the strict schema of two manifest files, table by table, each field
+validated with its own message; the typed table reader they share is at the bottom.
 """
 from __future__ import annotations
 

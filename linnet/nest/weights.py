@@ -17,6 +17,9 @@ The steps run in this order, and nothing reads tensor data before the last one:
 Pickle checkpoints (`pytorch_model.bin`, `.pt`, ...) are refused, never opened: unpickling
 runs arbitrary code.  Frameworks and huggingface_hub are imported lazily, inside the
 functions that need them, so importing this module stays cheap.
+
+Why over 500 lines: the four steps above share the header index and its diagnostics (which
+name the param, the key and both shapes); each step is a section of its own below.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Any, Iterable
 from .. import codes, dtypes
 from ..arrays import Framework, framework as framework_named
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
-from ..params import ParamSpec
+from ..middle.params import ParamSpec
 from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
 from .layouts import LayoutBindings
 from .manifest import Manifest, WeightsSpec

@@ -27,6 +27,9 @@ machine does not make slow cases look hung; a worker silent for a minute is kill
 
 Cases are deterministic: case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")`.
 `tests/test_fuzz.py` runs a few hundred cases through hypothesis (`case_from_random`).
+
+Why one long module: a generator per kind of hostile input (tokens, syntax, types, files),
+sharing one case format and one replay command.
 """
 from __future__ import annotations
 
@@ -161,7 +164,7 @@ class Workspace:
         for path in self.root.rglob("*"):
             if path.is_file():
                 self.pristine[path.relative_to(self.root).as_posix()] = path.read_bytes()
-        import linnet.resolve as resolve
+        import linnet.front.resolve as resolve
 
         self._std = self.root / "std"
         self._saved = (resolve.std_dir, resolve.parse_file)
@@ -180,7 +183,7 @@ class Workspace:
             (self.root / rel).write_bytes(self.pristine[rel])
 
     def close(self) -> None:
-        import linnet.resolve as resolve
+        import linnet.front.resolve as resolve
 
         resolve.std_dir, resolve.parse_file = self._saved
         shutil.rmtree(self.root, ignore_errors=True)
@@ -189,7 +192,7 @@ class Workspace:
 def _cached_parse_file(pristine: dict[str, bytes], root: Path):
     """`parse_file` that reuses the tree of an unmutated file (parsing is half of a case's
     time; the later stages never modify a syntax tree). Mutated text is always parsed."""
-    from ..parser import parse_file
+    from ..front.parser import parse_file
 
     trees: dict[tuple[str, str], object] = {}
 
@@ -450,13 +453,14 @@ def span_problems(err: LinnetError, root: Path) -> list[str]:
 
 def compile_case(case: Case, workspace: Workspace, stage: list[str]) -> None:
     """Everything a case runs; raises whatever the compiler raises."""
-    from ..compiler import compile_target, locate
+    from ..compiler import compile_target
+    from ..cli.targets import locate
 
     root = workspace.root
     stage[0] = "check"
     if case.target.kind == "std":
         from ..check import check
-        from ..resolve import load_std
+        from ..front.resolve import load_std
 
         check(load_std())
     compiled = compile_target(locate(root / case.target.run))
@@ -467,9 +471,9 @@ def compile_case(case: Case, workspace: Workspace, stage: list[str]) -> None:
 
 def emit_all(compiled, stage: list[str]) -> None:
     """Lower an instantiated program and run every emitter that needs no weights."""
-    from ..backends import jax as jax_backend
-    from ..backends import pytorch
-    from ..lower import lower
+    from ..backends import jax_source as jax_backend
+    from ..backends import torch_source as pytorch
+    from ..middle.lower import lower
 
     stage[0] = "lower"
     program = lower(compiled.instance)
@@ -491,7 +495,7 @@ def emit_all(compiled, stage: list[str]) -> None:
         import onnx
 
         from .. import dtypes
-        from ..backends import onnx as onnx_backend
+        from ..backends import onnx_graph as onnx_backend
 
         stage[0] = "emit-onnx"
         if any(not dtypes.by_name(p.dtype).in_numpy for p in params):

@@ -48,7 +48,7 @@ class ServedModel:
 
     def __enter__(self) -> "ServedModel":
         from ..nest import load, prepare
-        from ..triton import export_triton
+        from ..serving.triton import export_triton
         from .triton_server import TritonServer, provision
 
         tools = provision()

@@ -29,13 +29,18 @@ Layout decisions (docs/backend-onnx.md has the long form):
   arithmetic node reads its bf16 inputs cast to f32 and its result is rounded back to bf16,
   so every tensor between nodes is still bf16, as with a GPU's bf16 kernels (which also
   accumulate in f32).  It is a different graph and is cached separately.
+
+Why one long module: ONNX has no functions the way Python does, so this emitter inlines
+every call and keeps the graph's SSA names itself; the op emissions, the fused std kernels
+and the inlining share that name and scope state and are kept together.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from .. import __version__, codes, dtypes, ir, kernels
+from .. import __version__, codes, dtypes, kernels
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 from ..ops import Emissions
@@ -599,7 +604,7 @@ def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: 
     out = elem_type(dtype)
     scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (attention: MatMul, Softmax, MatMul)"
     # The scale multiplies Q (S x Dh per head) rather than the scores (S x S): fewer multiplies.
-    # A scale of exactly 1 (linnet.optimize folded it into the query weights) needs no node.
+    # A scale of exactly 1 (linnet.middle.optimize folded it into the query weights) needs no node.
     scaled = q if scalars.get(3) == 1.0 else em.node("Mul", [q, scale], out,
                                                      scope=scope, doc=doc + ", scale folded into Q")
     rank = fn.params[1][1].rank

@@ -1,4 +1,4 @@
-"""Checked program + instantiation -> the lowered form (`linnet.ir`), shared by every backend.
+"""Checked program + instantiation -> the lowered form (`linnet.middle.ir`), shared by every backend.
 
 Lowering walks each entry's call tree.  Every function is specialised for the generic
 bindings it is called with (block generics are numbers, an entry's B and S stay symbols),
@@ -6,18 +6,23 @@ for which Option arguments are present, and for the block instance it runs on.  
 come from the checker's records, substituted with the bindings; nothing is re-inferred.
 Calls to std functions stay calls, so a backend can replace a whole function
 (`std.nn.norm::layer_norm`) by a fused kernel of its own while the others emit its body.
+
+Why over 500 lines: one `_lower_<node>` per syntax node of a function body, sharing one
+specialisation scope; the per-primitive special cases live in the op registry (ops.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from . import ast, codes, ir, ops
-from .check import CheckedProgram, FnSig
-from .diagnostics import InternalError, LinnetError, Diagnostic
-from .dims import DimExpr, Sym, const, sym
+from ..front import ast
+from .. import codes, ops
+from . import ir
+from ..check import CheckedProgram, FnSig
+from ..diagnostics import InternalError, LinnetError, Diagnostic
+from ..dims import DimExpr, Sym, const, sym
 from .instantiate import BlockInstance, Instance
-from .types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
+from ..types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
                     number_range, substitute, substitute_dims)
 
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}

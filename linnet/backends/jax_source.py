@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import dtypes, ir, kernels
+from .. import dtypes, kernels
+from ..middle import ir
 from ..diagnostics import InternalError
 from ..ops import Emissions
 from .pysource import (arg_texts, ATOM, emission_order, first_atom, FunctionNamer, function_call, header, OPERATORS,

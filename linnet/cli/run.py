@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codes
-from .diagnostics import Diagnostic, LinnetError
+from .. import codes
+from ..diagnostics import Diagnostic, LinnetError
 
 TASKS = ("auto", "fill-mask", "similarity", "classify", "pool")
 
@@ -38,7 +38,7 @@ class Options:
 
 def load_model(options: Options):
     """nest.load; a zoo entry's packaged copy of its weights is found by the loader itself."""
-    from . import nest
+    from .. import nest
 
     return nest.load(options.name, backend=options.backend, weights=options.weights, revision=options.revision)
 

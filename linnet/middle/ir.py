@@ -1,6 +1,6 @@
 """The lowered form: one backend-neutral program that every emitter reads.
 
-Lowering (`linnet.lower`) monomorphises the checked program for one instantiation: every
+Lowering (`linnet.middle.lower`) monomorphises the checked program for one instantiation: every
 block generic is a number or a dtype, `if let` is decided, `some`/`none` are resolved, and
 only an entry's own dims (B, S) remain symbolic.  What is left is small:
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from . import ops
-from .diagnostics import InternalError, Span
-from .dims import DimExpr
+from .. import ops
+from ..diagnostics import InternalError, Span
+from ..dims import DimExpr
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import codes
-from .check import BlockSig, CheckedProgram, FnSig, WhereClause
-from .diagnostics import Diagnostic, LinnetError, Note, Span
-from .dims import DimError, DimExpr, const, sym
+from .. import codes
+from ..check import BlockSig, CheckedProgram, FnSig, WhereClause
+from ..diagnostics import Diagnostic, LinnetError, Note, Span
+from ..dims import DimError, DimExpr, const, sym
 from .params import ParamSpec
-from .types import (DIM_KIND, DTYPE_KINDS, Binding, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
+from ..types import (DIM_KIND, DTYPE_KINDS, Binding, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
                     format_binding, substitute)
 
 

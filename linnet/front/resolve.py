@@ -12,10 +12,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ast, codes
-from .diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
+from . import ast
+from .. import codes
+from ..diagnostics import Diagnostic, LinnetError, Note, SourceMap, Span
 from .parser import parse_file
-from .paths import std_dir
+from ..paths import std_dir
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .diagnostics import LinnetError
+from ..diagnostics import LinnetError
 
 SENTENCES = [
     "The cat curled up on the windowsill and fell asleep in the sun.",
@@ -21,8 +21,8 @@ SENTENCES = [
 
 
 def check_zoo() -> int:
-    from .compiler import Target, compile_target
-    from .nest.manifest import known_entries, load_manifest
+    from ..compiler import Target, compile_target
+    from ..nest.manifest import known_entries, load_manifest
 
     failures = 0
     names = known_entries()
@@ -43,7 +43,7 @@ def check_zoo() -> int:
 
 
 def _load_minilm():
-    from . import nest
+    from .. import nest
 
     # The loader finds the weights itself: the Hugging Face cache, else the packaged copy
     # all-minilm-l6-v2's nest.toml declares ([weights.package]).

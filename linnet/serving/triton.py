@@ -21,6 +21,9 @@ Two layouts:
 
 The config text is written by a small protobuf-text formatter below, so exporting does not
 need tritonclient; the tests parse it with Triton's own `ModelConfig` schema.
+
+Why over 500 lines: both Triton layouts (ONNX Runtime and python) share the I/O description,
+the config writer and the bounds file; keeping them together keeps the two configs in step.
 """
 from __future__ import annotations
 
@@ -31,9 +34,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, codes, dtypes, ir
-from .diagnostics import Diagnostic, InternalError, LinnetError
-from .runtime import index_bounds
+from .. import __version__, codes, dtypes
+from ..middle import ir
+from ..diagnostics import Diagnostic, InternalError, LinnetError
+from ..runtime import index_bounds
 
 __all__ = ["RUNTIMES", "TritonIO", "triton_io", "config_text", "export_triton"]
 
@@ -238,7 +242,7 @@ def _spec(io: TritonIO, max_batch_size: int) -> dict:
 
 def _build_onnx(ctx, out_dir: Path, dtype: str | None) -> list[Path]:
     """The ONNX backend's `build`: model.onnx first (and any external-data files after it)."""
-    from .backends import integration
+    from ..backends import integration
 
     module = integration("onnx")
     return module.build(ctx, out_dir) if dtype is None else module.build(ctx, out_dir, dtype=dtype)
@@ -336,7 +340,7 @@ def _write_output_models(version: Path, outputs: list[str]) -> None:
     """
     import onnx
 
-    from .backends.onnx_runtime import cut_to_output
+    from ..backends.onnx_runtime import cut_to_output
 
     model = onnx.load(str(version / "model.onnx"))  # with any external data it had
     old_data = {version / t.external_data[0].value for t in model.graph.initializer

@@ -1,6 +1,6 @@
 """Lowered program -> StableHLO artifact: each entry exported once with symbolic dims.
 
-The generated JAX functions (`linnet.backends.jax`) are exported with `jax.export`:
+The generated JAX functions (`linnet.backends.jax_source`) are exported with `jax.export`:
 
 * the params tree is the *first* argument, described by `ShapeDtypeStruct`s, so the
   artifact holds no weights (bert-base's 440 MB stay in the checkpoint) and one export
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, codes, dtypes, ir
+from .. import __version__, codes, dtypes
+from ..middle import ir
 from ..diagnostics import Diagnostic, InternalError, LinnetError
 from ..dims import DimExpr, FloorDiv, Mod, Sym
 
@@ -103,7 +104,7 @@ def param_specs(program: ir.Program) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from .jax import params_tree
+    from .jax_source import params_tree
 
     def leaf(path: str, t: ir.TensorType):
         shape = tuple(d.as_int() for d in t.dims)
@@ -162,7 +163,7 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
     """Export every entry of `ctx.program` into `out_dir`; the files written."""
     import jax
 
-    from .jax import emit
+    from .jax_source import emit
     from .pysource import import_generated
 
     out_dir = Path(out_dir)
@@ -213,7 +214,7 @@ def _signature(ctx, entries: dict) -> dict:
 
     program = ctx.program
     types = dict(program.param_paths())
-    keys = _checkpoint_keys(ctx)
+    keys = ctx.checkpoint_keys()
     params = []
     for path in param_paths_in_tree_order(param_specs(program)):
         t = types[path]
@@ -233,13 +234,3 @@ def _signature(ctx, entries: dict) -> dict:
         "entries": entries,
         "params": params,
     }
-
-
-def _checkpoint_keys(ctx) -> dict[str, str]:
-    """Param path -> checkpoint key from the entry's bindings, when it has some (no weights read)."""
-    manifest = ctx.manifest
-    if manifest is None or manifest.weights is None or manifest.weights.bindings is None:
-        return {}
-    from ..nest.weights import entry_bindings
-
-    return entry_bindings(manifest.weights, [p.name for p in ctx.compiled.params])[0]

@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from .diagnostics import InternalError, LinnetError
+from ..diagnostics import InternalError, LinnetError
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 
@@ -40,8 +40,8 @@ def _entry_lines(compiled) -> list[str]:
         lines.append(f"  entry {sig}")
         dims = {d: compiled.check_dims[d] for d in sig.dims if d in compiled.check_dims}
         if len(dims) == len(sig.dims):
-            from .types import substitute
-            from .dims import const
+            from ..types import substitute
+            from ..dims import const
 
             env = {k: const(v) for k, v in dims.items()}
             params = ", ".join(f"{n}: {substitute(t, env)}" for n, t in sig.params)
@@ -53,7 +53,8 @@ def _entry_lines(compiled) -> list[str]:
 
 
 def _check_one(path: str, overrides) -> tuple[dict, list[str]]:
-    from .compiler import compile_target, locate
+    from ..compiler import compile_target
+    from .targets import locate
 
     started = time.perf_counter()
     target = locate(path)
@@ -106,9 +107,9 @@ def cmd_check(args, parser) -> int:
 def cmd_build(args, parser) -> int:
     from pathlib import Path
 
-    from .backends import integration
-    from .compiler import locate
-    from .nest import prepare
+    from ..backends import integration
+    from .targets import locate
+    from ..nest import prepare
 
     target = locate(args.path)
     if target.kind != "entry":
@@ -127,9 +128,9 @@ def cmd_build(args, parser) -> int:
 def cmd_export_triton(args, parser) -> int:
     from pathlib import Path
 
-    from .compiler import locate
-    from .nest import prepare
-    from .triton import export_triton
+    from .targets import locate
+    from ..nest import prepare
+    from ..serving.triton import export_triton
 
     target = locate(args.path)
     if target.kind != "entry":
@@ -154,7 +155,7 @@ def cmd_quickstart(args, parser) -> int:
 
 def cmd_zoo(args, parser) -> int:
     """The zoo's entries as a table (or JSON); exit 1 when some entry does not load or compile."""
-    from .nest.zoo import format_table, list_zoo
+    from ..nest.zoo import format_table, list_zoo
 
     entries = list_zoo()
     if args.json:
@@ -168,7 +169,7 @@ def cmd_zoo(args, parser) -> int:
 
 
 def cmd_run(args, parser) -> int:
-    """Tokenise the texts, run the model, print what its entry is for (see linnet/run.py)."""
+    """Tokenise the texts, run the model, print what its entry is for (see linnet/cli/run.py)."""
     from .run import Options, run
 
     if args.top < 1:
@@ -184,7 +185,7 @@ def cmd_run(args, parser) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .backends import available
+    from ..backends import available
     from .run import TASKS
 
     parser = argparse.ArgumentParser(prog="linnet", description="Linnet: typed neural-network blocks and the Nest zoo")

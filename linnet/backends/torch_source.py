@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .. import dtypes, ir, kernels
+from .. import dtypes, kernels
+from ..middle import ir
 from ..ops import Emissions
 from ..paths import source_label
 from .pysource import (ATOM, FunctionNamer, OPERATORS, PyWriter, Scope, arg_texts, comment_generics, comment_text,

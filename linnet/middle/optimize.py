@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from . import ir
-from .arrays import framework_of
-from .dims import const
-from .kernels import ATTENTION, LINEAR
+from ..arrays import framework_of
+from ..dims import const
+from ..kernels import ATTENTION, LINEAR
 
 #: Passes `optimize` runs by default, in order.
 PASSES = ("fuse_linears", "fold_attention_scale")

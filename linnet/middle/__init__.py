@@ -1,0 +1,1 @@
+"""The middle: a checked program to one backend-neutral IR (instantiate, lower, ir, optimise)."""
