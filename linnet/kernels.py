@@ -11,6 +11,8 @@ from __future__ import annotations
 LAYER_NORM = "std.nn.norm::layer_norm"
 ATTENTION = "std.nn.attention::attention"
 LINEAR = "std.nn.linear::Linear.forward"
+#: The block whose forward is `LINEAR` (its `ir.Block.source`), for passes that act per instance.
+LINEAR_BLOCK = LINEAR.rsplit(".", 1)[0]
 EMBEDDING = "std.nn.embedding::embedding"
 #: GELU through erf, as the paper defines it (BERT's `hidden_act = "gelu"`).
 GELU_ERF = "std.nn.activations::gelu_erf"

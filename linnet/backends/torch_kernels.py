@@ -25,12 +25,12 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import kernels
+
 log = logging.getLogger("linnet.torch")
 
 #: `nest.load(..., kernels=...)`: "auto" measures and picks; "default" keeps F.linear.
 KERNEL_CHOICES = ("auto", "default")
-#: The Linnet block whose forward is one GEMM plus bias.
-LINEAR_BLOCK = "std.nn.linear::Linear"
 #: Largest accepted |oneDNN - default| per element, relative to max(1, max|default|).
 TOLERANCE = 1e-5
 #: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape.
@@ -56,7 +56,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
     if not torch.backends.mkldnn.is_available():
         return {}
     linears = [_submodule(model, prefix) for block_id, prefix in program.instances()
-               if program.blocks[block_id].source == LINEAR_BLOCK]
+               if program.blocks[block_id].source == kernels.LINEAR_BLOCK]
     cached = _read_cache(cache_dir)
     choices: dict[str, Choice] = {}
     for module in linears:
