@@ -130,7 +130,8 @@ def build_onnxruntime_backend(tools: ServerTools, vendor: Path | None = None) ->
     version, library = _onnxruntime_library()
     cache = tools.root / "onnxruntime-backend"
     out = cache / f"ort-{version}"
-    want = {"layout": LAYOUT, "triton": TRITON_BRANCH, "onnxruntime": version, "vendor": str(vendor.resolve())}
+    # Not keyed by where the sources lie: a second checkout reuses the build.
+    want = {"layout": LAYOUT, "triton": TRITON_BRANCH, "onnxruntime": version}
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / ".lock", "w") as lock:
@@ -153,3 +154,14 @@ def build_onnxruntime_backend(tools: ServerTools, vendor: Path | None = None) ->
     except OSError as exc:
         raise ProvisionError(f"building Triton's ONNX Runtime backend into {out} failed: {exc}") from exc
     return out
+
+
+def provision_for(runtime: str) -> ServerTools:
+    """The server's tools for serving `runtime`'s layout (`linnet.triton.RUNTIMES`): the
+    wheel's server and python backend, plus this backend for the onnxruntime layout."""
+    from .triton_server import provision
+
+    tools = provision()
+    if runtime == "onnxruntime":
+        build_onnxruntime_backend(tools)
+    return tools
