@@ -406,7 +406,7 @@ class TritonMethod(Method):
         raise NotImplementedError
 
     def load(self) -> float:
-        import tritonclient.http as http
+        from tritonclient import http
 
         from linnet.testing.triton_server import TritonServer
 

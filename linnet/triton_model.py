@@ -17,6 +17,8 @@ says what happens to a request that passes:
 This file is also imported by linnet itself (`linnet.triton_model`) and by the tests, so
 the validation is plain Python that runs without Triton.
 """
+# ruff: noqa: UP031, BLE001 - Triton's Python may be any 3.x the image has: %-formatting, and a
+# failure of any kind must become an error response, never an exception out of execute.
 import ast
 import json
 import operator
