@@ -10,6 +10,8 @@ phases after it; the rest go on):
 5. check     max_abs_diff of the hidden state against the reference, same inputs
 6. rounds    round r runs every method in turn: latency_iters calls at B=1, then
              throughput_iters calls at B=8; so drift over time hits all methods alike
+7. perf_analyzer  the Triton methods under Triton's own load client at each of
+             `perf_concurrency` requests of B=8 in flight (perf_cN_* metrics)
 """
 from __future__ import annotations
 
@@ -146,7 +148,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     # 2. peak RSS, one subprocess per method, before this process holds any model
     if workload.device == "cpu":
         for r in live():
-            if r.method.key == "triton-linnet-python":
+            if r.method.key.startswith("triton-"):
                 continue  # measured from the server's own processes
             if not workload.rss:
                 r.metrics["peak_rss_mib"] = None
@@ -228,6 +230,16 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
                     r.fail(f"round {round_ + 1}", exc)
                 if progress is not None:
                     progress.advance(task)
+
+    # 7. Triton's own load client on the methods that serve through Triton (B = throughput_batch)
+    for r in live():
+        if hasattr(r.method, "load_client_figures"):
+            t = time.perf_counter()
+            try:
+                r.method.extra_metrics.update(r.method.load_client_figures(big))
+            except Exception as exc:  # noqa: BLE001 - the method's own figures stand
+                r.method.notes.append(f"perf_analyzer failed: {_error_text('perf_analyzer', exc)}")
+            log(f"  perf_analyzer on {r.method.key} ({time.perf_counter() - t:.1f} s)")
 
     # results
     for r in records:
@@ -326,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-iters", type=int)
     parser.add_argument("--throughput-iters", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument("--perf-concurrency", help="perf_analyzer's requests in flight for the Triton methods, "
+                        "comma-separated (default 1,4,16; --quick 1)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe subprocesses")
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--out", type=Path, help="default nest/<model>/bench.json (bench.cuda.json on cuda)")
@@ -336,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                                  ("throughput_iters", args.throughput_iters), ("warmup", args.warmup)) if v is not None}
     if args.no_rss:
         changes["rss"] = False
+    if args.perf_concurrency:
+        changes["perf_concurrency"] = tuple(int(n) for n in args.perf_concurrency.split(",") if n.strip())
     workload = replace(workload, **changes)
     keys = [k.strip() for k in args.methods.split(",") if k.strip()] if args.methods else None
     out = args.out or default_out(args.model, args.device)

@@ -375,60 +375,75 @@ class LinnetOnnxF16Trt(LinnetOnnxTrt):
 # --------------------------------------------------------------------------- Triton
 
 
-class TritonLinnetPython(Method):
-    """Linnet's ONNX served by a real tritonserver (Python backend running ONNX Runtime), HTTP."""
+class TritonMethod(Method):
+    """A model served by a real tritonserver 2.51 on loopback: HTTP for the bench's own timed
+    calls, and perf_analyzer (Triton's load client, `linnet.testing.perf_analyzer`) for its
+    throughput and p50/p99 at `workload.perf_concurrency` requests in flight, B = 8."""
 
-    key, name = "triton-linnet-python", "Triton Inference Server (Python backend, Linnet ONNX)"
     max_batch_size = 8
+    runtime = "python"  # which backends the server needs: "onnxruntime" builds that one too
+    model_name = ""
+    output = "hidden"
+    input_names = ("tokens", "token_types", "attention_mask")
+    input_dtype = np.int32
+    layout = ""
 
     def build(self) -> None:
-        from linnet.nest import prepare
-        from linnet.testing.triton_server import provision
-        from linnet.serving.triton import export_triton
+        from linnet.testing.perf_analyzer import provision_perf_analyzer
+        from linnet.testing.triton_ort import provision_for
 
         started = time.perf_counter()
-        self.tools = provision()
-        ctx, _ = prepare(self.ctx.weights.model, weights=self.ctx.weights.linnet_weights)
-        self.repo = self.ctx.workdir / "triton-repo"
-        export_triton(ctx, self.repo, runtime="python", max_batch_size=self.max_batch_size)
+        self.tools = provision_for(self.runtime)
+        self.repo = self.ctx.workdir / f"triton-repo-{self.key}"
+        self.model_name = self.write_repository(self.repo)
+        provision_perf_analyzer(self.tools)
         self.extra_metrics["build_s"] = time.perf_counter() - started
 
+    def write_repository(self, repo: Path) -> str:
+        """Write the model repository; return the name of the model to call."""
+        raise NotImplementedError
+
     def load(self) -> float:
-        import tritonclient.http as http
+        from tritonclient import http
 
         from linnet.testing.triton_server import TritonServer
 
         self.http = http
-        self.server = TritonServer(self.repo, self.tools, log_path=self.ctx.workdir / "tritonserver.log")
+        self.server = TritonServer(self.repo, self.tools, log_path=self.ctx.workdir / f"tritonserver-{self.key}.log")
         self.server.start()
         # tritonclient.http runs on gevent, so one client keeps several requests in flight
         # (async_infer) instead of one client per thread.
         self.client = http.InferenceServerClient(self.server.http_url,
                                                  concurrency=self.ctx.workload.triton_concurrency)
-        self.notes.append(f"over HTTP to tritonserver 2.51 on loopback; f32; throughput with "
+        self.notes.append(f"{self.layout}; over HTTP to tritonserver 2.51 on loopback; f32; throughput with "
                           f"{self.ctx.workload.triton_concurrency} requests of batch "
                           f"{self.ctx.workload.throughput_batch} in flight; max_batch_size {self.max_batch_size}, "
                           "dynamic batching on; load_s: server launch to model ready (the export is build_s); "
-                          "peak_rss_mib: the server's and its Python-backend stub's peak RSS, summed")
+                          "peak_rss_mib: the server's and its Python-backend stubs' peak RSS, summed; "
+                          "perf_cN_*: perf_analyzer 2.51 over gRPC, N requests of B rows in flight, its own "
+                          "Inferences/Second (rows/s) and p50/p99 latency")
         return self.server.start_seconds
+
+    def _arrays(self, batch: Batch) -> dict:
+        arrays = (batch.tokens, batch.token_types, batch.mask)
+        return {n: a.astype(self.input_dtype) for n, a in zip(self.input_names, arrays)}
 
     def prepare(self, batch: Batch):
         inputs = []
-        for name, array in (("tokens", batch.tokens), ("token_types", batch.token_types),
-                            ("attention_mask", batch.mask)):
-            tensor = self.http.InferInput(name, list(array.shape), "INT32")
+        for name, array in self._arrays(batch).items():
+            tensor = self.http.InferInput(name, list(array.shape), "INT32" if array.dtype == np.int32 else "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         return inputs
 
     def _outputs(self):
-        return [self.http.InferRequestedOutput("hidden", binary_data=True)]
+        return [self.http.InferRequestedOutput(self.output, binary_data=True)]
 
     def run(self, prepared):
-        return self.client.infer(self.ctx.weights.model, prepared, outputs=self._outputs())
+        return self.client.infer(self.model_name, prepared, outputs=self._outputs())
 
     def hidden(self, output) -> np.ndarray:
-        return np.asarray(output.as_numpy("hidden"), dtype=np.float32)
+        return np.asarray(output.as_numpy(self.output), dtype=np.float32)
 
     def throughput(self, prepared, n: int) -> float:
         from collections import deque
@@ -441,13 +456,26 @@ class TritonLinnetPython(Method):
         for _ in range(total):
             if len(window) == concurrency:
                 window.popleft().get_result()
-            window.append(self.client.async_infer(self.ctx.weights.model, prepared, outputs=self._outputs()))
+            window.append(self.client.async_infer(self.model_name, prepared, outputs=self._outputs()))
         while window:
             window.popleft().get_result()
         return time.perf_counter() - started
 
     def throughput_calls(self, n: int) -> int:
         return n * self.ctx.workload.triton_concurrency
+
+    def load_client_figures(self, batch: Batch) -> dict:
+        """perf_analyzer at each of the workload's concurrencies (bench.cli's last phase)."""
+        from linnet.testing.perf_analyzer import measure
+
+        figures = {}
+        for concurrency in self.ctx.workload.perf_concurrency:
+            found = measure(self.tools, self.server.grpc_url, self.model_name, self._arrays(batch),
+                            concurrency=concurrency, batch=batch.tokens.shape[0],
+                            measurement_ms=self.ctx.workload.perf_measurement_ms)
+            figures.update({f"perf_c{concurrency}_infer_per_s": found.infer_per_s,
+                            f"perf_c{concurrency}_p50_ms": found.p50_ms, f"perf_c{concurrency}_p99_ms": found.p99_ms})
+        return figures
 
     def memory(self) -> dict | None:
         if self.ctx.device != "cpu" or self.server.pid is None:
@@ -459,6 +487,61 @@ class TritonLinnetPython(Method):
             self.client.close()
         if getattr(self, "server", None) is not None:
             self.server.stop()
+
+
+class TritonLinnet(TritonMethod):
+    """`export_triton` of the entry's `forward` alone (perf_analyzer asks for every output a
+    model has, so the repository serves the one output the bench compares)."""
+
+    def write_repository(self, repo: Path) -> str:
+        from linnet.nest import prepare
+        from linnet.serving.triton import export_triton
+
+        ctx, _ = prepare(self.ctx.weights.model, weights=self.ctx.weights.linnet_weights)
+        export_triton(ctx, repo, runtime=self.runtime, entries=["forward"], max_batch_size=self.max_batch_size)
+        return ctx.name
+
+
+class TritonLinnetPython(TritonLinnet):
+    key, name = "triton-linnet-python", "Triton Inference Server (Python backend, Linnet ONNX)"
+    runtime, layout = "python", "export-triton --runtime python --entries forward"
+
+
+class TritonLinnetOnnx(TritonLinnet):
+    key, name = "triton-linnet-onnx", "Triton Inference Server (ONNX Runtime backend, Linnet ONNX)"
+    runtime, layout = "onnxruntime", ("export-triton --entries forward: ensemble of the validating Python step "
+                                      "and the ONNX Runtime model")
+
+
+class TritonOnnx(TritonMethod):
+    """The reference: transformers -> torch.onnx (the onnx-reference file) on Triton's ONNX
+    Runtime backend, one plain model, no validation."""
+
+    key, name, kind = "triton-onnx", "Triton Inference Server (ONNX Runtime backend, transformers -> torch.onnx)", \
+        "reference"
+    runtime, layout = "onnxruntime", "one onnxruntime_onnx model of the torch.onnx export"
+    output = "last_hidden_state"
+    input_names = ("input_ids", "token_type_ids", "attention_mask")
+    input_dtype = np.int64
+
+    def write_repository(self, repo: Path) -> str:
+        import shutil
+
+        import onnx
+
+        exporter = OnnxReference(self.ctx)
+        exporter.build()  # reuses the file when onnx-reference already wrote it
+        version = repo / "reference" / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(exporter._path(), version / "model.onnx")
+        inputs = ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in self.input_names)
+        shape = onnx.load(str(exporter._path()), load_external_data=False).graph.output[0].type.tensor_type.shape
+        width = shape.dim[-1].dim_value or -1  # [B, S, hidden]: Triton's dims leave the batch dim out
+        (repo / "reference" / "config.pbtxt").write_text(
+            f'name: "reference"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {self.max_batch_size}\n'
+            f'input [\n{inputs}\n]\noutput [\n  {{ name: "last_hidden_state" data_type: TYPE_FP32 dims: [ -1, {width} ] }}\n]\n'
+            "dynamic_batching { }\n", encoding="utf-8")
+        return "reference"
 
 
 def _tree_peak_rss_kib(pid: int) -> int:
@@ -488,7 +571,7 @@ def _tree_peak_rss_kib(pid: int) -> int:
 
 #: Every method, in the order a round runs them (the reference first).
 ALL = [TransformersEager, TransformersCompile, OnnxReference, LinnetTorch, LinnetInductor, LinnetCudaGraphs,
-       LinnetJax, LinnetJaxSource, LinnetOnnx, TritonLinnetPython,
+       LinnetJax, LinnetJaxSource, LinnetOnnx, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
        # CUDA only
        TransformersEagerBF16, LinnetTorchBF16, LinnetInductorBF16, LinnetCudaGraphsBF16, LinnetJaxBF16,
        LinnetJaxSourceBF16, LinnetOnnxF16, LinnetOnnxBF16, LinnetOnnxTrt, LinnetOnnxF16Trt]

@@ -25,6 +25,8 @@ class Workload:
     throughput_iters: int = 3  # timed B=throughput_batch calls per method per round
     seed: int = 0
     triton_concurrency: int = 2  # requests in flight while measuring Triton's throughput
+    perf_concurrency: tuple[int, ...] = (1, 4, 16)  # perf_analyzer's requests in flight (Triton methods)
+    perf_measurement_ms: int = 10000  # perf_analyzer's measurement window
     rss: bool = True           # peak RSS from a probe subprocess per method (CPU only)
 
     def describe(self) -> dict:
@@ -39,7 +41,8 @@ class Workload:
 
     @classmethod
     def quick(cls, device: str = "cpu") -> "Workload":
-        return cls(device=device, warmup=1, rounds=1, latency_iters=2, throughput_iters=1, triton_concurrency=2)
+        return cls(device=device, warmup=1, rounds=1, latency_iters=2, throughput_iters=1, triton_concurrency=2,
+                   perf_concurrency=(1,), perf_measurement_ms=3000)
 
 
 @dataclass(frozen=True)

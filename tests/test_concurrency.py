@@ -2,7 +2,7 @@
 
 A model from `nest.load` is called from 8 threads at once (released together by a barrier)
 with inputs of different shapes and entries; every result must equal the serial call's. The
-Triton part sends 200 requests, 8 in flight, a third of them invalid, over HTTP and gRPC
+Triton part (both export-triton layouts) sends 200 requests, 8 in flight, a third of them invalid, over HTTP and gRPC
 (`linnet.testing.triton_load`, which `python -m linnet.testing.triton_load --requests 2000
 --concurrency 16` runs at scale): none may be lost, every valid one must match the ONNX
 backend, every invalid one must be refused naming its input, and the server must be
@@ -64,10 +64,11 @@ def test_one_model_called_from_8_threads_matches_serial_calls(minilm_checkpoint,
                 np.testing.assert_allclose(array, serial[i], rtol=0, atol=1e-6)
 
 
-def test_triton_under_concurrent_mixed_load(minilm_checkpoint, tmp_path):
+@pytest.mark.parametrize("runtime", ["onnxruntime", "python"])
+def test_triton_under_concurrent_mixed_load(minilm_checkpoint, tmp_path, runtime):
     from linnet.testing.triton_load import ServedModel, run_load
 
-    with ServedModel(MINILM, tmp_path) as served:
+    with ServedModel(MINILM, tmp_path, runtime=runtime) as served:
         report = run_load(served, requests=200, concurrency=8, seed=1, pool_size=24)
     print(report.to_json())
     assert report.problems == []

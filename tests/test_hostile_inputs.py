@@ -177,8 +177,10 @@ def test_ids_at_the_edges_of_the_tables_are_legal(model):
 
 
 def test_onnxruntime_config_declares_what_the_graph_takes(tmp_path, minilm_checkpoint):
-    """With runtime="onnxruntime" Triton checks requests against config.pbtxt alone, so the
-    config must declare INT32 inputs of shape [-1] (after the batch dim) and nothing looser."""
+    """With runtime="onnxruntime" Triton checks requests against config.pbtxt alone before the
+    validating step, so the configs must declare INT32 inputs of shape [-1] (after the batch
+    dim) and nothing looser; only inputs with a Linnet default may be left out, and the ONNX
+    Runtime models behind the validating step take every input."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -189,12 +191,15 @@ def test_onnxruntime_config_declares_what_the_graph_takes(tmp_path, minilm_check
     config = text_format.Parse((folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert config.max_batch_size == 8
     declared = {i.name: (i.data_type, list(i.dims), i.optional) for i in config.input}
-    # The graph has no defaults, so every input is required in this layout.
-    assert declared == {name: (model_config_pb2.TYPE_INT32, [-1], False)
+    assert declared == {name: (model_config_pb2.TYPE_INT32, [-1], name != "tokens")
                         for name in ("tokens", "token_types", "attention_mask")}
     assert {o.name: o.data_type for o in config.output} == {
         "hidden": model_config_pb2.TYPE_FP32, "pooled": model_config_pb2.TYPE_FP32,
         "embedding": model_config_pb2.TYPE_FP32, "hidden_states": model_config_pb2.TYPE_FP32}
+    step = text_format.Parse((tmp_path / f"{MINILM}.hidden" / "config.pbtxt").read_text(),
+                             model_config_pb2.ModelConfig())
+    assert {i.name: i.optional for i in step.input} == {"tokens": False, "token_types": False,
+                                                        "attention_mask": False}
 
 
 TRITON_BAD = {
@@ -218,11 +223,11 @@ TRITON_BAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def triton(minilm_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=["onnxruntime", "python"])
+def triton(request, minilm_checkpoint, tmp_path_factory):
     from linnet.testing.triton_load import ServedModel
 
-    with ServedModel(MINILM, tmp_path_factory.mktemp("hostile-triton")) as served:
+    with ServedModel(MINILM, tmp_path_factory.mktemp("hostile-triton"), runtime=request.param) as served:
         yield served
 
 

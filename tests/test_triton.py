@@ -27,7 +27,7 @@ from linnet.nest import load, prepare
 from linnet.runtime import index_bounds
 from linnet.testing.triton_server import (ProvisionError, ServerError, TritonServer, listening_sockets,
                                           provision)
-from linnet.serving.triton import config_text, export_triton, triton_io
+from linnet.serving.triton import config_text, export_triton, layout_configs, triton_io
 
 MINILM = "all-minilm-l6-v2"
 BERT = "bert-base-uncased"
@@ -68,14 +68,14 @@ def test_config_parses_with_tritons_schema(name, dtype, width, runtime):
     config = parse_config(config_text(triton_io(ctx), max_batch_size=8, runtime=runtime))
     assert config.name == name
     assert config.max_batch_size == 8
-    if runtime == "onnxruntime":
-        assert (config.platform, config.backend) == ("onnxruntime_onnx", "")
-        assert config.default_model_filename == "model.onnx"
+    if runtime == "onnxruntime":  # an ensemble; the steps batch, the ensemble passes requests on
+        assert (config.platform, config.backend) == ("ensemble", "")
+        assert not config.HasField("dynamic_batching")
     else:
         assert (config.platform, config.backend) == ("", "python")
+        assert config.HasField("dynamic_batching")
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == inputs
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == outputs
-    assert config.HasField("dynamic_batching")
     # Spelled out once, so a change in the derivation above cannot hide a wrong config.
     float_type = PB_TYPES[dtype or "f32"]
     assert inputs == [("tokens", model_config_pb2.TYPE_INT32, [-1]), ("token_types", model_config_pb2.TYPE_INT32, [-1]),
@@ -86,10 +86,67 @@ def test_config_parses_with_tritons_schema(name, dtype, width, runtime):
     layers = 13 if name == BERT else 7  # hidden_states: the embeddings' output and each layer's
     assert outputs == [("hidden", float_type, [-1, width]), ("hidden_states", float_type, [layers, -1, width]),
                        ("pooled", float_type, [width]), ("embedding", float_type, [width]), *heads]
-    # Inputs with a Linnet default may be left out where model.py can fill them (python
-    # runtime); ONNX Runtime needs every graph input.
+    # Inputs with a Linnet default may be left out: model.py (the python model, or the
+    # ensemble's validating step) fills them.
     optional = {i.name: i.optional for i in config.input}
-    assert optional == {"tokens": False, "token_types": runtime == "python", "attention_mask": runtime == "python"}
+    assert optional == {"tokens": False, "token_types": True, "attention_mask": True}
+
+
+@pytest.mark.parametrize("name", [MINILM, BERT])
+def test_onnxruntime_layout_configs(name):
+    ctx, inputs, outputs = expected_io(name, None, batched=True)
+    configs = {n: parse_config(t) for n, t in layout_configs(triton_io(ctx)).items()}
+    names = [o[0] for o in outputs]
+    assert list(configs) == [name, f"{name}.validate", *(f"{name}.{o}" for o in names)]
+    for config_name, config in configs.items():
+        assert config.name == config_name and config.max_batch_size == 8
+    # The validating step takes the client's inputs (defaults optional) and gives them back checked.
+    check = configs[f"{name}.validate"]
+    assert check.backend == "python" and check.HasField("dynamic_batching")
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in check.input] == [
+        (n, t, d, n != "tokens") for n, t, d in inputs]
+    assert [(o.name, o.data_type, list(o.dims)) for o in check.output] == [("checked_" + n, t, d) for n, t, d in inputs]
+    # One ONNX Runtime model per output; ONNX Runtime needs every graph input.
+    for output in outputs:
+        step = configs[f"{name}.{output[0]}"]
+        assert (step.platform, step.default_model_filename) == ("onnxruntime_onnx", "model.onnx")
+        assert [(i.name, i.data_type, list(i.dims), i.optional) for i in step.input] == [(*i, False) for i in inputs]
+        assert [(o.name, o.data_type, list(o.dims)) for o in step.output] == [output]
+        assert step.HasField("dynamic_batching")
+    # The ensemble: validate first, then each output's model reads the checked tensors.
+    steps = configs[name].ensemble_scheduling.step
+    assert [s.model_name for s in steps] == [f"{name}.validate", *(f"{name}.{o}" for o in names)]
+    assert dict(steps[0].input_map) == {n: n for n, _, _ in inputs}
+    assert dict(steps[0].output_map) == {f"checked_{n}": f"checked_{n}" for n, _, _ in inputs}
+    for step, output in zip(steps[1:], names):
+        assert dict(step.input_map) == {n: f"checked_{n}" for n, _, _ in inputs}
+        assert dict(step.output_map) == {output: output}
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "python"])
+def test_serving_options_reach_every_model_that_runs_work(runtime):
+    ctx, _, _ = expected_io(MINILM, None, batched=True)
+    configs = layout_configs(triton_io(ctx), runtime=runtime, max_batch_size=16, preferred_batch_sizes=(4, 16),
+                             max_queue_delay_us=250, instances=3)
+    working = [parse_config(t) for t in configs.values()]
+    working = [c for c in working if c.platform != "ensemble"]
+    assert len(working) == (1 if runtime == "python" else 5)
+    for config in working:
+        assert list(config.dynamic_batching.preferred_batch_size) == [4, 16]
+        assert config.dynamic_batching.max_queue_delay_microseconds == 250
+        assert [g.count for g in config.instance_group] == [3]
+    plain = parse_config(config_text(triton_io(ctx), runtime=runtime))
+    assert not plain.instance_group  # Triton's default unless asked
+
+
+def test_entry_set_to_serve():
+    ctx, _, _ = expected_io(BERT, None, batched=True)
+    io = triton_io(ctx, entries=["embed", "pooled"])  # an entry's name or its output's
+    assert [o.name for o in io.outputs] == ["pooled", "embedding"]  # program order
+    assert list(layout_configs(io)) == [BERT, f"{BERT}.validate", f"{BERT}.pooled", f"{BERT}.embedding"]
+    with pytest.raises(LinnetError) as info:
+        triton_io(ctx, entries=["embed", "nope"])
+    assert info.value.code == "E0840" and "'nope'" in str(info.value) and "mlm_logits" in str(info.value)
 
 
 def test_config_without_batching_keeps_the_batch_dim():
@@ -115,6 +172,12 @@ def test_bf16_config_and_python_runtime_refusal():
     ({"runtime": "tensorrt"}, "E0840", "tensorrt"),
     ({"max_batch_size": -1}, "E0840", "max_batch_size"),
     ({"max_batch_size": 2.5}, "E0840", "max_batch_size"),
+    ({"preferred_batch_sizes": (4, 9)}, "E0840", "[1, max_batch_size = 8]"),
+    ({"preferred_batch_sizes": (0,)}, "E0840", "preferred"),
+    ({"max_batch_size": 0, "preferred_batch_sizes": (1,)}, "E0840", "batching is off"),
+    ({"max_queue_delay_us": -5}, "E0840", "max_queue_delay_us"),
+    ({"max_batch_size": 0, "max_queue_delay_us": 100}, "E0840", "max_batch_size > 0"),
+    ({"instances": 0}, "E0840", "instances"),
 ])
 def test_bad_export_options(options, code, words):
     ctx, _ = prepare(MINILM, need_weights=False)
@@ -174,32 +237,75 @@ def minilm_repos(tmp_path_factory, minilm_checkpoint):
     return {runtime: export_triton(ctx, root / runtime, runtime=runtime) for runtime in ("onnxruntime", "python")}
 
 
-def test_exported_layouts(minilm_repos):
+OUTPUTS = ("hidden", "hidden_states", "pooled", "embedding")
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def _graph(path: Path):
     import onnx
 
-    for runtime, folder in minilm_repos.items():
-        assert folder.name == MINILM
-        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        expected = ["1/model.onnx", "config.pbtxt"]
-        if runtime == "python":
-            # One cut-down model per output (ONNX Runtime runs every node of a graph whatever
-            # output is asked for), all reading weights.bin with model.onnx.
-            per_output = [f"1/model.{o}.onnx" for o in ("embedding", "hidden", "hidden_states", "pooled")]
-            expected = ["1/linnet_io.json", *per_output, "1/model.onnx", "1/model.py", "1/weights.bin",
-                        "config.pbtxt"]
-            for output in ("embedding", "hidden", "hidden_states", "pooled"):
-                cut = onnx.load(str(folder / "1" / f"model.{output}.onnx"), load_external_data=False).graph
-                assert [o.name for o in cut.output] == [output]
-                assert len(cut.node) < len(onnx.load(str(folder / "1" / "model.onnx"),
-                                                      load_external_data=False).graph.node)
-        assert files == sorted(expected), runtime
-        config = parse_config((folder / "config.pbtxt").read_text())
-        graph = onnx.load(str(folder / "1" / "model.onnx"), load_external_data=False).graph
-        # The graph the server loads has exactly the tensors the config declares.
+    return onnx.load(str(path), load_external_data=False).graph
+
+
+def test_exported_python_layout(minilm_repos):
+    folder = minilm_repos["python"]
+    assert folder.name == MINILM
+    # One cut-down model per output (ONNX Runtime runs every node of a graph whatever output
+    # is asked for), all reading weights.bin with model.onnx.
+    assert _files(folder) == sorted(["1/linnet_io.json", *(f"1/model.{o}.onnx" for o in OUTPUTS), "1/model.onnx",
+                                     "1/model.py", "1/weights.bin", "config.pbtxt", "linnet_export.json"])
+    whole = _graph(folder / "1" / "model.onnx")
+    for output in OUTPUTS:
+        cut = _graph(folder / "1" / f"model.{output}.onnx")
+        assert [o.name for o in cut.output] == [output]
+        assert len(cut.node) < len(whole.node)
+    config = parse_config((folder / "config.pbtxt").read_text())
+    # The graph the server loads has exactly the tensors the config declares.
+    assert [i.name for i in whole.input] == [i.name for i in config.input]
+    assert [o.name for o in whole.output] == [o.name for o in config.output]
+    assert [len(v.type.tensor_type.shape.dim) for v in whole.output] == [len(o.dims) + 1 for o in config.output]
+    assert not list(folder.parent.glob(".*.tmp*")), "staging folder left behind"
+
+
+def test_exported_onnxruntime_layout(minilm_repos):
+    folder = minilm_repos["onnxruntime"]
+    repo = folder.parent
+    assert folder.name == MINILM
+    assert sorted(p.name for p in repo.iterdir()) == sorted([MINILM, f"{MINILM}.validate",
+                                                             *(f"{MINILM}.{o}" for o in OUTPUTS)])
+    assert _files(folder) == ["config.pbtxt", "linnet_export.json"] and (folder / "1").is_dir()
+    assert _files(repo / f"{MINILM}.validate") == ["1/linnet_io.json", "1/model.py", "config.pbtxt"]
+    weights = set()
+    for output in OUTPUTS:
+        step = repo / f"{MINILM}.{output}"
+        assert _files(step) == ["1/model.onnx", "1/weights.bin", "config.pbtxt"]
+        config = parse_config((step / "config.pbtxt").read_text())
+        graph = _graph(step / "1" / "model.onnx")
         assert [i.name for i in graph.input] == [i.name for i in config.input]
-        assert [o.name for o in graph.output] == [o.name for o in config.output]
-        assert [len(v.type.tensor_type.shape.dim) for v in graph.output] == [len(o.dims) + 1 for o in config.output]
-    assert not list(minilm_repos["python"].parent.glob(".*.tmp*")), "staging folder left behind"
+        assert [o.name for o in graph.output] == [o.name for o in config.output] == [output]
+        weights.add((step / "1" / "weights.bin").stat().st_ino)
+    # The weights are written once and hard-linked into every output's folder.
+    assert len(weights) == 1
+    spec = json.loads((repo / f"{MINILM}.validate" / "1" / "linnet_io.json").read_text())
+    assert spec["role"] == "validate" and [o["name"] for o in spec["outputs"]] == list(OUTPUTS)
+
+
+def test_re_export_replaces_the_companions(tmp_path, minilm_checkpoint):
+    ctx, _ = prepare(MINILM)
+    repo = tmp_path / "repo"
+    (repo / "someone-else").mkdir(parents=True)
+    (repo / "someone-else" / "config.pbtxt").write_text("name: \"someone-else\"\n")
+    export_triton(ctx, repo)
+    export_triton(ctx, repo, entries=["embed"])
+    assert sorted(p.name for p in repo.iterdir()) == sorted([MINILM, f"{MINILM}.validate", f"{MINILM}.embedding",
+                                                             "someone-else"])
+    assert [o.name for o in parse_config((repo / MINILM / "config.pbtxt").read_text()).output] == ["embedding"]
+    export_triton(ctx, repo, runtime="python", entries=["pool", "embed"])
+    assert sorted(p.name for p in repo.iterdir()) == [MINILM, "someone-else"]
+    assert [o.name for o in _graph(repo / MINILM / "1" / "model.onnx").output] == ["pooled", "embedding"]
 
 
 def test_python_spec_comes_from_the_program(minilm_repos):
@@ -263,8 +369,9 @@ def test_cli_export_triton(tmp_path, minilm_checkpoint, capsys):
     assert main(["export-triton", MINILM, "-o", str(repo), "--max-batch-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "exported all-minilm-l6-v2 for Triton (onnxruntime)" in out
+    assert f"{MINILM}.embedding/1/model.onnx" in out and f"{MINILM}.validate/1/model.py" in out
     config = parse_config((repo / MINILM / "config.pbtxt").read_text())
-    assert (config.platform, config.max_batch_size) == ("onnxruntime_onnx", 4)
+    assert (config.platform, config.max_batch_size) == ("ensemble", 4)
     assert main(["export-triton", MINILM, "-o", str(repo), "--runtime", "python", "--max-batch-size", "-1"]) == 1
     assert "E0840" in capsys.readouterr().err
     # The failed export left the earlier one alone.
@@ -274,55 +381,101 @@ def test_cli_export_triton(tmp_path, minilm_checkpoint, capsys):
     assert exit_info.value.code == 2
 
 
+def test_cli_serving_options(tmp_path, minilm_checkpoint, capsys):
+    repo = tmp_path / "repo"
+    assert main(["export-triton", MINILM, "-o", str(repo), "--entries", "embed,pooled", "--max-batch-size", "16",
+                 "--preferred-batch-sizes", "8,16", "--max-queue-delay-us", "500", "--instances", "2"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in repo.iterdir()) == [MINILM, f"{MINILM}.embedding", f"{MINILM}.pooled",
+                                                      f"{MINILM}.validate"]
+    config = parse_config((repo / f"{MINILM}.embedding" / "config.pbtxt").read_text())
+    assert config.max_batch_size == 16 and list(config.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500 and config.instance_group[0].count == 2
+    with pytest.raises(SystemExit):
+        main(["export-triton", MINILM, "-o", str(repo), "--preferred-batch-sizes", "8,x"])
+    assert "whole numbers" in capsys.readouterr().err
+    assert main(["export-triton", MINILM, "-o", str(repo), "--entries", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert "E0840" in err and "'nope'" in err
+
+
 # ---------------------------------------------------------------- a real Triton server
+
+LAYOUTS = ("onnxruntime", "python")
 
 
 @dataclass
 class Served:
     server: TritonServer
+    runtime: str
     figures: dict = field(default_factory=dict)
+
+
+def test_missing_build_tools_fail_with_what_to_install(tmp_path, monkeypatch):
+    """No cmake on PATH and no earlier build: the error says which Debian packages to install."""
+    from linnet.testing.triton_ort import build_onnxruntime_backend
+    from linnet.testing.triton_server import ServerTools
+
+    (tmp_path / "backends").mkdir()
+    tools = ServerTools(root=tmp_path, tritonserver=tmp_path / "none", backends=tmp_path / "backends",
+                        libs=tmp_path, stub_venv=tmp_path, seconds=0.0)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(ProvisionError) as info:
+        build_onnxruntime_backend(tools)
+    message = str(info.value)
+    assert "cmake" in message and "apt-get install -y cmake g++ ninja-build rapidjson-dev libb64-0d" in message
 
 
 @pytest.fixture(scope="session")
 def triton_tools():
+    from linnet.testing.triton_ort import build_onnxruntime_backend
+
     started = time.perf_counter()
     try:
         tools = provision()
+        build_started = time.perf_counter()
+        backend = build_onnxruntime_backend(tools)
     except ProvisionError as exc:
         pytest.fail(f"could not provision the Triton server for the tests: {exc}", pytrace=False)
     print(f"\nTriton tools at {tools.root}: provisioned in {tools.seconds:.1f} s "
-          f"(0 = already there; this call {time.perf_counter() - started:.1f} s)")
+          f"(0 = already there), ONNX Runtime backend {backend} ready in {time.perf_counter() - build_started:.1f} s; "
+          f"this call {time.perf_counter() - started:.1f} s")
     return tools
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", params=LAYOUTS)
 def served(request, tmp_path_factory, triton_tools):
-    """One server for the session, on a repository with every model of SERVED (python runtime)."""
-    root = tmp_path_factory.mktemp("triton-serve")
+    """One server per layout, on a repository with every model of SERVED (the layouts' two
+    servers run one after the other: pytest finishes one parameter's tests first)."""
+    runtime = request.param
+    root = tmp_path_factory.mktemp(f"triton-serve-{runtime}")
     figures: dict = {"export_seconds": {}, "export_mb": {}}
     for name, checkpoint_fixture in SERVED.items():
         request.getfixturevalue(checkpoint_fixture)
         ctx, _ = prepare(name)
         started = time.perf_counter()
-        folder = export_triton(ctx, root / "repo", runtime="python")
+        export_triton(ctx, root / "repo", runtime=runtime)
         figures["export_seconds"][name] = round(time.perf_counter() - started, 2)
-        figures["export_mb"][name] = round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
+        # Hard links are counted once: they are one file on disk.
+        inodes = {p.stat().st_ino: p.stat().st_size for p in (root / "repo").rglob("*")
+                  if p.is_file() and p.parts[len(root.parts) + 1].startswith(name)}
+        figures["export_mb"][name] = round(sum(inodes.values()) / 1e6, 1)
     server = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
     try:
         server.start()
     except ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
     figures["start_seconds"] = round(server.start_seconds, 2)
-    print(f"\nTriton server ready in {server.start_seconds:.2f} s on {server.http_url} (HTTP), "
+    print(f"\nTriton server ({runtime} layout) ready in {server.start_seconds:.2f} s on {server.http_url} (HTTP), "
           f"{server.grpc_url} (gRPC); exports: {figures['export_mb']} MB in {figures['export_seconds']} s")
     try:
-        yield Served(server, figures)
+        yield Served(server, runtime, figures)
     finally:
         server.stop()
 
 
 @pytest.fixture(scope="session")
-def onnx_models(served):
+def onnx_models(minilm_checkpoint, bert_base_checkpoint):
     return {name: load(name, backend="onnx") for name in SERVED}
 
 
@@ -339,14 +492,23 @@ class Client:
 
     def infer(self, model: str, tokens: np.ndarray, types: np.ndarray | None, outputs=("hidden", "pooled"),
               attention_mask: np.ndarray | None = None):
+        from tritonclient.utils import np_to_triton_dtype
+
         inputs = []
         given = (("tokens", tokens), ("token_types", types), ("attention_mask", attention_mask))
         for name, array in ((n, a) for n, a in given if a is not None):
-            tensor = self.module.InferInput(name, list(array.shape), "INT32")
+            tensor = self.module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         requested = [self.module.InferRequestedOutput(o) for o in outputs]
         return self.client.infer(model, inputs, outputs=requested)
+
+    def executions(self, model: str) -> int:
+        """How many times the server has run `model` (its inference statistics)."""
+        stats = self.client.get_inference_statistics(model)
+        if self.protocol == "http":
+            return int(stats["model_stats"][0]["inference_count"])
+        return int(stats.model_stats[0].inference_count)
 
     def close(self):
         self.client.close()
@@ -372,8 +534,20 @@ def test_served_outputs_match_onnx_backend(client, served, onnx_models, name, ba
         assert got.shape == expected.shape and got.dtype == expected.dtype
         diff = float(np.max(np.abs(got.astype(np.float64) - expected)))
         served.figures.setdefault("max_abs_diff", {})[f"{name} {client.protocol} {batch}x{length} {output}"] = diff
-        print(f"{name} {client.protocol} B={batch} S={length} {output}: max|diff| = {diff:.3g}")
+        print(f"{served.runtime}: {name} {client.protocol} B={batch} S={length} {output}: max|diff| = {diff:.3g}")
         assert diff <= 1e-5
+
+
+def test_every_output_is_served(client, served, onnx_models):
+    tokens = _ids(2, 6, seed=3)
+    result = client.infer(BERT, tokens, None, outputs=("hidden_states", "embedding", "mlm_logits", "nsp_logits"))
+    model = onnx_models[BERT]
+    for output, entry in (("hidden_states", "hidden_states"), ("embedding", "embed"), ("mlm_logits", "mlm"),
+                          ("nsp_logits", "nsp")):
+        want = model.run(entry, tokens)
+        got = result.as_numpy(output)
+        assert got.shape == want.shape, output
+        assert float(np.max(np.abs(got.astype(np.float64) - want))) <= 1e-4, output
 
 
 def test_padded_batch_through_triton_matches_onnx_backend(client, served, onnx_models):
@@ -399,12 +573,51 @@ def test_only_requested_outputs_come_back(client, served):
     assert result.as_numpy("hidden") is None
 
 
-@pytest.mark.parametrize("case,names", [
-    ("long", ["tokens", "S <= 512", "S = 600"]),
-    ("big id", ["tokens", "40000"]),
-    ("type id", ["token_types", "holds 2"]),
-])
-def test_bad_requests_get_an_error_and_the_server_keeps_serving(client, case, names):
+def test_an_embedding_request_runs_no_other_head(served):
+    """onnxruntime layout: Triton runs only the ensemble steps whose outputs were asked for,
+    counted by its own statistics; python layout: model.py opens only the cut model."""
+    client = Client("grpc", served.server.grpc_url)
+    try:
+        heads = [f"{BERT}.{o}" for o in ("hidden", "hidden_states", "pooled", "mlm_logits", "nsp_logits")]
+        if served.runtime == "onnxruntime":
+            before = {m: client.executions(m) for m in [*heads, f"{BERT}.embedding", f"{BERT}.validate"]}
+        result = client.infer(BERT, _ids(3, 8), None, outputs=("embedding",))
+        assert result.as_numpy("embedding").shape == (3, 768)
+        if served.runtime == "onnxruntime":
+            # Triton may update its statistics a moment after the response has left, so the
+            # counts are read until the two asked-for steps show their run (at most 5 s).
+            deadline = time.monotonic() + 5
+            while True:
+                after = {m: client.executions(m) for m in before}
+                ran = {m: after[m] - before[m] for m in before}
+                if min(ran[f"{BERT}.embedding"], ran[f"{BERT}.validate"]) >= 3 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert ran == {**{m: 0 for m in heads}, f"{BERT}.embedding": 3, f"{BERT}.validate": 3}, ran
+    finally:
+        client.close()
+    if served.runtime == "python":
+        module, _ = _model_py(served.server.repo / BERT)
+        model = module.TritonPythonModel()
+        model.initialize({"model_repository": str(served.server.repo / BERT), "model_version": "1"})
+        session = model._session(["embedding"])
+        assert [o.name for o in session.get_outputs()] == ["embedding"]
+        assert list(model.sessions) == ["model.embedding.onnx"]
+
+
+BAD_REQUESTS = {
+    # case: (what is changed, words the error must hold: the input and its bound)
+    "long": ["tokens", "S <= 512", "S = 600"],
+    "big id": ["tokens", "40000", "[0, 30522)"],
+    "type id": ["token_types", "holds 2", "[0, 2)"],
+    "int64 tokens": ["tokens", "INT32"],
+    "float types": ["token_types", "INT32"],
+    "rank 3": ["tokens", "[-1,-1]"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_get_an_error_and_the_server_keeps_serving(client, served, case):
     from tritonclient.utils import InferenceServerException
 
     tokens, types = _ids(1, 9), np.zeros((1, 9), np.int32)
@@ -412,12 +625,18 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(client, case, na
         tokens, types = _ids(1, 600), np.zeros((1, 600), np.int32)
     elif case == "big id":
         tokens[0, 3] = 40000
-    else:
+    elif case == "type id":
         types[0, 5] = 2
+    elif case == "int64 tokens":
+        tokens = tokens.astype(np.int64)
+    elif case == "float types":
+        types = types.astype(np.float32)
+    else:
+        tokens, types = tokens[:, :, None], None
     with pytest.raises(InferenceServerException) as info:
         client.infer(MINILM, tokens, types)
     message = info.value.message()
-    for word in names:
+    for word in BAD_REQUESTS[case]:
         assert word in message, message
     # INVALID_ARG: the client's fault, which HTTP shows as 400.
     if client.protocol == "http":
@@ -447,8 +666,19 @@ def test_server_listens_on_loopback_only(served):
         assert ip.is_loopback or (mapped is not None and mapped.is_loopback), (address, port)
 
 
+def test_server_healthy_after_the_session(served):
+    """Runs after the requests above (pytest keeps file order within a layout)."""
+    client = Client("http", served.server.http_url)
+    try:
+        assert client.client.is_server_live() and client.client.is_server_ready()
+        for name in SERVED:
+            assert client.client.is_model_ready(name)
+    finally:
+        client.close()
+
+
 def test_server_figures(served):
     """Prints what the session measured (run with -s or -rP to see it)."""
     figures = served.figures
     assert figures["start_seconds"] < 60
-    print(json.dumps(figures, indent=1))
+    print(json.dumps({"layout": served.runtime, **figures}, indent=1))

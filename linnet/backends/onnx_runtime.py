@@ -262,14 +262,15 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
         model_file.model = None
 
 
-def cut_to_output(model, output: str):
-    """A copy of `model` holding only the nodes and initializers `output` depends on (the
-    graph inputs stay, so callers feed every entry alike)."""
+def cut_to_output(model, output):
+    """A copy of `model` holding only the nodes and initializers `output` (a name, or a list
+    of names) depends on (the graph inputs stay, so callers feed every entry alike)."""
     import onnx
 
     graph = model.graph
+    outputs = [output] if isinstance(output, str) else list(output)
     producer = {name: node for node in graph.node for name in node.output}
-    needed, pending = set(), [output]
+    needed, pending = set(), list(outputs)
     while pending:
         name = pending.pop()
         if name in needed:
@@ -283,7 +284,7 @@ def cut_to_output(model, output: str):
     for field, keep in (("node", lambda n: any(o in needed for o in n.output)),
                         ("initializer", lambda t: t.name in needed),
                         ("value_info", lambda v: v.name in needed),
-                        ("output", lambda v: v.name == output)):
+                        ("output", lambda v: v.name in outputs)):
         kept = [item for item in getattr(graph, field) if keep(item)]
         del getattr(cut.graph, field)[:]
         getattr(cut.graph, field).extend(kept)

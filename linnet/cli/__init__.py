@@ -125,6 +125,17 @@ def cmd_build(args, parser) -> int:
     return EXIT_OK
 
 
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _whole_numbers(text: str) -> list[int]:
+    try:
+        return [int(n) for n in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+
+
 def cmd_export_triton(args, parser) -> int:
     from pathlib import Path
 
@@ -137,11 +148,14 @@ def cmd_export_triton(args, parser) -> int:
         parser.error("export-triton needs a zoo entry (a folder with nest.toml, or its name)")
     ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, need_weights=True)
     started = time.perf_counter()
-    folder = export_triton(ctx, Path(args.output), max_batch_size=args.max_batch_size, runtime=args.runtime)
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    folder = export_triton(ctx, Path(args.output), runtime=args.runtime, entries=args.entries,
+                           max_batch_size=args.max_batch_size, preferred_batch_sizes=tuple(args.preferred_batch_sizes),
+                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances)
+    models = [folder, *(folder.parent / n for n in json.loads((folder / "linnet_export.json").read_text())["companions"])]
+    files = sorted(p for model in models for p in model.rglob("*") if p.is_file())
     for path in files:
         print(f"wrote {path}")
-    size = sum(p.stat().st_size for p in files)
+    size = sum({p.stat().st_ino: p.stat().st_size for p in files}.values())  # a hard link counts once
     print(f"exported {ctx.name} for Triton ({args.runtime}) in {time.perf_counter() - started:.1f} s, "
           f"{size / 1e6:.1f} MB; serve with: tritonserver --model-repository {args.output}")
     return EXIT_OK
@@ -213,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Triton's max_batch_size (default 8; 0 turns batching off)")
     triton.add_argument("--runtime", choices=("onnxruntime", "python"), default="onnxruntime",
                         help="Triton's ONNX Runtime backend (default), or ONNX Runtime in its Python backend")
+    triton.add_argument("--entries", type=_names, metavar="A,B",
+                        help="the entries (or their output names) to serve, comma-separated (default: all)")
+    triton.add_argument("--preferred-batch-sizes", type=_whole_numbers, default=[], metavar="N,M",
+                        help="batch sizes Triton's dynamic batcher aims for, comma-separated")
+    triton.add_argument("--max-queue-delay-us", type=int, default=0, metavar="US",
+                        help="how long a request may wait to be batched with others (default 0: never)")
+    triton.add_argument("--instances", type=int, metavar="N",
+                        help="model instances per model (default: Triton's, one per GPU or one on CPU)")
     triton.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")

