@@ -220,7 +220,8 @@ DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",
 # -- runtime: calling a loaded model (runtime.py and the backends' runtimes)
 BAD_INPUT: Final = _register("E0701", "bad-input", "runtime",
     "run time: inputs that do not fit the entry: missing or extra, wrong rank, dtype or size, dims "
-    "that disagree across inputs, an empty dim, or an id outside its table")
+    "that disagree across inputs, an empty dim, an id outside its table, integers where floats are "
+    "declared, or a NaN or infinity in a float input")
 PRECONDITION_FAILED: Final = _register("E0702", "precondition-failed", "runtime",
     "run time: an entry precondition (such as `S <= 512`) fails for the given inputs")
 UNKNOWN_MODEL_ENTRY: Final = _register("E0703", "unknown-model-entry", "runtime",
