@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,121 @@ def test_full_size_refuses_225(vit_base):
     with pytest.raises(LinnetError, match="requires H == 224, but H = 225") as caught:
         model(np.zeros((1, 3, 225, 225), np.float32))
     assert caught.value.diagnostics[0].code == "E0702"
+
+
+# ---------------------------------------------------------- preprocessing
+
+
+def _grace_hopper() -> Path:
+    import matplotlib
+
+    photo = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    assert photo.is_file(), f"matplotlib's sample photo {photo} is missing"
+    return photo
+
+
+def _made_images(tmp_path) -> dict:
+    """Pictures of odd sizes: random noise, smooth gradients, a PNG file, an RGBA PIL image."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, size=(41, 57, 3), dtype=np.uint8)
+    y, x = np.mgrid[0:300, 0:211]
+    gradient = np.stack([x * 255 // 210, y * 255 // 299, (x + y) % 256], axis=-1).astype(np.uint8)
+    png = tmp_path / "gradient.png"
+    Image.fromarray(gradient).save(png)
+    rgba = Image.fromarray(np.concatenate([noise, np.full((41, 57, 1), 200, np.uint8)], axis=-1), mode="RGBA")
+    return {"noise": noise, "gradient": gradient, "png": png, "rgba": rgba}
+
+
+def _transformers_pixels(processor, image) -> np.ndarray:
+    from PIL import Image
+
+    if isinstance(image, Path):
+        image = Image.open(image)
+    if isinstance(image, Image.Image):
+        image = image.convert("RGB")  # transformers keeps an alpha channel; both drop it here
+    return processor(images=image, return_tensors="np")["pixel_values"]
+
+
+def test_preprocess_equals_vit_image_processor_on_made_images(small_vit, tmp_path):
+    from transformers import ViTImageProcessor
+
+    model = nest.load(small_vit.entry, backend="torch")
+    processor = ViTImageProcessor.from_pretrained(str(small_vit.snapshot))
+    for name, image in _made_images(tmp_path).items():
+        got = model.preprocess(image)
+        expected = _transformers_pixels(processor, image)
+        assert got.shape == expected.shape == (1, 3, 32, 32) and got.dtype == np.float32, name
+        assert max_diff(got, expected) <= 1e-6, name
+
+
+def test_preprocess_of_a_photo_equals_the_checkpoints_processor(vit_base):
+    from transformers import ViTImageProcessor
+
+    model = nest.load("vit-base-patch16-224", backend="onnx")
+    processor = ViTImageProcessor.from_pretrained(vit_base.repo, revision=vit_base.revision)
+    got = model.preprocess([_grace_hopper(), str(_grace_hopper())])
+    expected = _transformers_pixels(processor, _grace_hopper())
+    assert got.shape == (2, 3, 224, 224)
+    assert max_diff(got[0], expected[0]) <= 1e-6 and max_diff(got[1], expected[0]) <= 1e-6
+    assert -1.0 <= got.min() < -0.5 and 0.5 < got.max() <= 1.0  # mean = std = 0.5 maps [0, 1] to [-1, 1]
+    assert model(got).shape == (2, 1000)
+
+
+@pytest.mark.parametrize("resample", [0, 3, 1])
+def test_preprocess_follows_the_configured_filter(tmp_path, resample):
+    from transformers import ViTImageProcessor
+
+    from linnet.nest.images import ImagePreprocessor
+
+    config = {"size": {"height": 24, "width": 40}, "resample": resample, "image_mean": [0.4, 0.5, 0.6],
+              "image_std": [0.2, 0.3, 0.25], "do_resize": True}
+    ours = ImagePreprocessor.from_config(config)
+    theirs = ViTImageProcessor(**config)
+    image = _made_images(tmp_path)["gradient"]
+    assert max_diff(ours(image), _transformers_pixels(theirs, image)) <= 1e-6
+
+
+def test_labels_come_from_id2label(vit_base, small_vit):
+    assert nest.load(small_vit.entry, backend="torch").labels == ("tabby", "teapot", "lighthouse")
+    labels = nest.load("vit-base-patch16-224", backend="onnx").labels
+    assert len(labels) == 1000 and labels[999] == "synthetic class 999"
+
+
+@pytest.mark.parametrize("image,message", [
+    (np.zeros((32, 32, 3), np.float32), "is an array of float32; `preprocess` takes uint8"),
+    (np.zeros((3, 32, 32), np.uint8), r"has shape \(3, 32, 32\); an array image is \[H, W\]"),
+    ("no/such/picture.png", "cannot be read by Pillow"),
+    (42, "is a int; `preprocess` takes paths"),
+    ([], "empty list"),
+])
+def test_preprocess_refuses_what_is_not_an_image(small_vit, image, message):
+    model = nest.load(small_vit.entry, backend="torch")
+    with pytest.raises(LinnetError, match=message) as caught:
+        model.preprocess(image)
+    assert caught.value.diagnostics[0].code == "E1403"
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"do_center_crop": True, "size": 8}, "`do_center_crop` is set"),
+    ({"resample": 9}, "`resample` must be one of Pillow's filters"),
+    ({"size": {"shortest_edge": 224}}, "`size` must be a positive int"),
+    ({"image_std": [0.5, 0.0, 0.5]}, "divide by zero"),
+    ({"do_reduce_labels": True}, r"settings \['do_reduce_labels'\] are not understood"),
+])
+def test_preprocessor_settings_it_cannot_follow_are_refused(config, message):
+    from linnet.nest.images import ImagePreprocessor
+
+    with pytest.raises(LinnetError, match=message) as caught:
+        ImagePreprocessor.from_config(config)
+    assert caught.value.diagnostics[0].code == "E1402"
+
+
+def test_an_entry_without_image_table_says_so():
+    from linnet.nest.images import preprocessor_for_entry
+    from linnet.nest.manifest import load_manifest
+
+    with pytest.raises(LinnetError, match="declares no \\[image\\]") as caught:
+        preprocessor_for_entry(load_manifest("bert-base-uncased"))
+    assert caught.value.diagnostics[0].code == "E1401"
