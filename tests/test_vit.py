@@ -295,3 +295,46 @@ def test_an_entry_without_image_table_says_so():
     with pytest.raises(LinnetError, match="declares no \\[image\\]") as caught:
         preprocessor_for_entry(load_manifest("bert-base-uncased"))
     assert caught.value.diagnostics[0].code == "E1401"
+
+
+# ------------------------------------------------------- commands and serving
+
+
+def test_linnet_run_prints_the_top_five_labels_of_an_image(small_vit, tmp_path, capsys):
+    from PIL import Image
+
+    from linnet.cli import main
+
+    picture = tmp_path / "image.png"
+    Image.fromarray(_made_images(tmp_path)["gradient"]).save(picture)
+    assert main(["run", str(small_vit.entry), str(picture), str(_grace_hopper())]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "vit-small (torch), classify-image:" and lines[1] == f"{picture}:"
+    model = nest.load(small_vit.entry, backend="torch")
+    logits = np.asarray(model(model.preprocess([picture, _grace_hopper()])), np.float64)
+    probabilities = np.exp(logits - logits.max(1, keepdims=True))
+    probabilities /= probabilities.sum(1, keepdims=True)
+    for row, block in enumerate((lines[2:5], lines[6:9])):  # 3 labels, fewer than the top 5
+        order = np.argsort(-probabilities[row])
+        assert block == [f"  {probabilities[row, i]:6.3f}  {model.labels[i]}" for i in order]
+
+
+def test_export_triton_declares_the_image_input_fp32_3_224_224(vit_base, tmp_path):
+    from linnet.cli import main
+
+    assert main(["export-triton", "vit-base-patch16-224", "-o", str(tmp_path)]) == 0
+    config = (tmp_path / "vit-base-patch16-224" / "config.pbtxt").read_text()
+    assert 'name: "images"\n    data_type: TYPE_FP32\n    dims: [ 3, 224, 224 ]' in config
+    assert 'name: "logits"\n    data_type: TYPE_FP32\n    dims: [ 1000 ]' in config
+    assert 'name: "hidden_states"\n    data_type: TYPE_FP32\n    dims: [ 13, 197, 768 ]' in config
+
+
+def test_vision_bench_smoke(small_vit):
+    """One call per phase on the small model: every method loads, runs, and agrees with the reference."""
+    from bench import vision
+
+    report = vision.run(str(small_vit.entry), list(vision.BY_KEY), repeats=1)
+    for key, result in report["methods"].items():
+        assert "error" not in result, (key, result.get("error"))
+        assert result["latency_b1_ms"] > 0 and result["throughput_b8_images_per_s"] > 0
+        assert result["max_abs_diff"] <= TOLERANCE, key

@@ -31,7 +31,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, codes, dtypes
@@ -81,6 +81,9 @@ class TritonIO:
     batch_dim: str | None  # the leading dim every input and output shares, e.g. "B"
     inputs: tuple[Tensor, ...]
     outputs: tuple[Output, ...]
+    #: Dims every entry pins to one value by a precondition (`where H == 224`): Triton's config
+    #: states them as that number, so a client sees [3, 224, 224] rather than [3, -1, -1].
+    fixed: dict = field(default_factory=dict)
 
 
 def _dims(t: ir.TensorType) -> tuple[str, ...]:
@@ -123,7 +126,20 @@ def triton_io(ctx) -> TritonIO:
     # The batch dim: the leading dim of the first input, when it is a free dim of the entry.
     lead = inputs[0].dims[0] if inputs and inputs[0].dims else None
     batch = lead if lead in first.dims and all(t.dims and t.dims[0] == lead for t in (*inputs, *outputs)) else None
-    return TritonIO(ctx.name, batch, inputs, tuple(outputs))
+    fixed = _fixed_dims(entries[0])
+    for entry in entries[1:]:
+        fixed = {d: v for d, v in _fixed_dims(entry).items() if fixed.get(d) == v}
+    return TritonIO(ctx.name, batch, inputs, tuple(outputs), fixed)
+
+
+def _fixed_dims(entry: ir.Entry) -> dict[str, int]:
+    """The entry's dims a precondition `D == n` pins to the number n."""
+    fixed = {}
+    for left, op, right, _ in entry.preconditions:
+        for dim, value in ((left, right), (right, left)):
+            if op == "==" and str(dim) in entry.dims and value.as_int() is not None:
+                fixed[str(dim)] = value.as_int()
+    return fixed
 
 
 # ---------------------------------------------------------------------- config
@@ -167,11 +183,13 @@ def _format(fields: list[tuple[str, object]], indent: int = 0) -> list[str]:
     return lines
 
 
-def _config_dims(t: Tensor, batched: bool) -> tuple[int, ...]:
-    # Triton's dims leave out the batch dim when max_batch_size > 0; any other dim that is not
-    # a number (S, or an expression of the entry's dims) is variable: -1.
+def _config_dims(t: Tensor, batched: bool, fixed: dict | None = None) -> tuple[int, ...]:
+    # Triton's dims leave out the batch dim when max_batch_size > 0; a dim pinned by a
+    # precondition is its number; any other dim that is not a number (S, or an expression of
+    # the entry's dims) is variable: -1.
     dims = t.dims[1:] if batched else t.dims
-    return tuple(int(d) if d.isdigit() else -1 for d in dims)
+    fixed = fixed or {}
+    return tuple(int(d) if d.isdigit() else fixed.get(d, -1) for d in dims)
 
 
 def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxruntime") -> str:
@@ -184,9 +202,9 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
     else:
         fields += [("backend", "python")]
     fields.append(("max_batch_size", max_batch_size))
-    fields.append(("input", [_input_fields(t, batched, runtime) for t in io.inputs]))
+    fields.append(("input", [_input_fields(t, batched, runtime, io.fixed) for t in io.inputs]))
     fields.append(("output", [[("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
-                               ("dims", _config_dims(t, batched))] for t in io.outputs]))
+                               ("dims", _config_dims(t, batched, io.fixed))] for t in io.outputs]))
     if batched:
         # Requests of the same shape are merged into one run; no delay is set, so a lone
         # request is not held back waiting for company.
@@ -194,9 +212,9 @@ def config_text(io: TritonIO, *, max_batch_size: int = 8, runtime: str = "onnxru
     return "\n".join(_format(fields)) + "\n"
 
 
-def _input_fields(t: Input, batched: bool, runtime: str) -> list:
+def _input_fields(t: Input, batched: bool, runtime: str, fixed: dict | None = None) -> list:
     fields = [("name", t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
-              ("dims", _config_dims(t, batched))]
+              ("dims", _config_dims(t, batched, fixed))]
     # The python runtime fills a left-out input with its Linnet default; ONNX Runtime needs
     # every graph input, so in the onnxruntime layout the client sends them all.
     if runtime == "python" and t.default is not None:
