@@ -22,7 +22,7 @@ from typing import Final, Iterable
 
 #: The stages that report diagnostics, in pipeline order.
 STAGES: Final = ("parse", "resolve", "check", "instantiate", "lower", "runtime", "backend", "triton",
-                 "manifest", "weights", "hf", "tokenizer", "cli")
+                 "manifest", "weights", "hf", "tokenizer", "cli", "images")
 
 _CODE = re.compile(r"E\d{4}")
 _SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -220,7 +220,8 @@ DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",
 # -- runtime: calling a loaded model (runtime.py and the backends' runtimes)
 BAD_INPUT: Final = _register("E0701", "bad-input", "runtime",
     "run time: inputs that do not fit the entry: missing or extra, wrong rank, dtype or size, dims "
-    "that disagree across inputs, an empty dim, or an id outside its table")
+    "that disagree across inputs, an empty dim, an id outside its table, integers where floats are "
+    "declared, or a NaN or infinity in a float input")
 PRECONDITION_FAILED: Final = _register("E0702", "precondition-failed", "runtime",
     "run time: an entry precondition (such as `S <= 512`) fails for the given inputs")
 UNKNOWN_MODEL_ENTRY: Final = _register("E0703", "unknown-model-entry", "runtime",
@@ -372,8 +373,19 @@ BAD_TOKENIZER_INPUT: Final = _register("E1204", "bad-tokenizer-input", "tokenize
 # -- cli: the `linnet` command's own checks (cli/run.py)
 TASK_UNAVAILABLE: Final = _register("E1301", "task-unavailable", "cli",
     "`linnet run --task T`: the model lacks the entry that task needs (`mlm`, `embed`, `logits`, "
-    "`pool`), or fill-mask was asked with no `[MASK]` in any text")
+    "`pool`, an `[image]` table for classify-image), or fill-mask was asked with no `[MASK]` in any text")
 
+
+# -- images: an image model's preprocessing and labels (nest/images.py)
+NO_IMAGE_PREPROCESSOR: Final = _register("E1401", "no-image-preprocessor", "images",
+    "`model.preprocess` / `model.labels`: the entry declares no `[image]` (or no `labels` file), or "
+    "no `[weights]` repo to fetch its files from")
+BAD_IMAGE_CONFIG: Final = _register("E1402", "bad-image-config", "images",
+    "a `preprocessor_config.json` or `config.json` is not usable: unreadable, not a JSON object, a "
+    "setting of the wrong type, a resampling filter Pillow lacks, or labels that are not `id2label`")
+BAD_IMAGE_INPUT: Final = _register("E1403", "bad-image-input", "images",
+    "`model.preprocess` was given something it does not take: not a path, PIL image or uint8 array "
+    "([H, W], [H, W, 3] or [H, W, 4]), or a file Pillow cannot read")
 
 def index(records: Iterable[ErrorCode]) -> dict[str, ErrorCode]:
     """Code string -> record; two records with one code or one slug are a registry bug."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from .dims import DimExpr
-from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _cumsum, _iota, _matmul, _permute, _reduce,
+from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _concat, _cumsum, _iota, _matmul, _permute, _reduce,
                     _reshape, _select, _softmax, _take, _transpose, _unary_float)
 from .types import ALL_DTYPES, Type
 
@@ -72,6 +72,7 @@ class PrimLowering(Protocol):
     Arguments are lowered once, in order, the first time a hook asks for them.
     """
 
+    result: Any  # the call's `ir.TensorType`
     result_dtype: str
     dtype_args: list[str]  # the explicit `<dtype>` generics, bound: `cast<f32>` -> ["f32"]
     arity: int  # how many value arguments the call has
@@ -90,6 +91,8 @@ class PrimLowering(Protocol):
 
     def op(self, args: Iterable, **attrs) -> Any: ...  # an `ir.Op` of this primitive with the result type
 
+    def read_dims(self, dims: Iterable[DimExpr]) -> None: ...  # the emitted code reads these dims at run time
+
 
 def _lower_axis(low: PrimLowering):
     """The reductions, softmax and cumsum: the axis literal (softmax's defaults to -1) as an attr."""
@@ -99,6 +102,15 @@ def _lower_axis(low: PrimLowering):
 def _lower_compare(low: PrimLowering):
     # The result is bool, so a literal operand takes the dtype of the tensor it is compared with.
     return low.op(low.operands(low.tensor_dtype()))
+
+
+def _lower_concat(low: PrimLowering):
+    # The axis as a non-negative attr, so emitters index the result's dims with it directly.
+    a, b = low.arg(0), low.arg(1)
+    axis = low.static(2).as_int()
+    # An operand repeated along a 1-axis is expanded to the result's shape, written from its dims.
+    low.read_dims([*low.result.dims, *a.type.dims, *b.type.dims])
+    return low.op((a, b), axis=axis + a.type.rank if axis < 0 else axis)
 
 
 def _lower_reshape(low: PrimLowering):
@@ -208,6 +220,9 @@ _RECORDS = [
                  _reduce, (2,), attrs=_AXIS, lower=_lower_axis) for name in ("sum", "mean", "max")),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
                _cumsum, (2,), attrs=_AXIS, lower=_lower_axis),
+    _primitive("concat", "concat(a: Tensor[..., N, ...; T], b: Tensor[..., M, ...; T], axis) -> "
+               "Tensor[..., N + M, ...; T]  (other axes equal, or 1 and repeated)", _concat, (3,), attrs=_AXIS,
+               lower=_lower_concat),
     _primitive("take", "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take, (2,)),
     _primitive("reshape", "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
                "(element count proven equal)", _reshape, (2,), attrs=(("shape", DIMS),), lower=_lower_reshape),

@@ -223,6 +223,34 @@ def _cumsum(call: PrimCall) -> Type:
     return TensorT(t.dims, t.dtype)
 
 
+def _concat(call: PrimCall) -> Type:
+    """Join two tensors of one rank along an axis; every other axis must agree, or be 1 on one
+    side, which is repeated to the other's size (prepending a learned [1, 1, D] token to a
+    [B, N, D] batch gives [B, N + 1, D], as `torch.cat` after an `expand` would)."""
+    a, b = call.tensor(0), call.tensor(1)
+    rank_a, rank_b = call.known_rank(0, a), call.known_rank(1, b)
+    if rank_a != rank_b:
+        call.fail(f"`concat` joins tensors of one rank, found {a} (rank {rank_a}) and {b} (rank {rank_b})",
+                  code=codes.SHAPE_MISMATCH)
+    if a.dtype != b.dtype and not (a.weak or b.weak):
+        call.fail(f"`concat` operands differ in dtype: {a.dtype} and {b.dtype}", code=codes.DTYPE_MISMATCH)
+    if a.weak or b.weak:
+        call.fail("`concat` joins tensors, not literals", 0 if a.weak else 1)
+    index = _axis(call, a, 2)
+    dims = []
+    for i, (da, db) in enumerate(zip(a.dims, b.dims)):
+        if i == index:
+            dims.append(da + db)
+        elif call.ctx.dims_equal(da, db) or call.ctx.dims_equal(db, const(1)):
+            dims.append(da)
+        elif call.ctx.dims_equal(da, const(1)):
+            dims.append(db)
+        else:
+            call.fail(f"`concat` along axis {index} needs the other axes to agree or be 1: axis {i} is {da} "
+                      f"in {a} and {db} in {b}", code=codes.SHAPE_MISMATCH)
+    return TensorT(tuple(dims), a.dtype)
+
+
 def __getattr__(name: str):
     # The table of primitives is the op registry's (`linnet.ops`), which imports the rules
     # above; it is looked up here on first use, so the checker's `from .prims import PRIMS`

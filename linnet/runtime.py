@@ -4,6 +4,8 @@ An entry's signature says what its inputs must be: rank, integer or float dtype,
 agree across inputs (every `S` is the same `S`), and `where` preconditions over those dims
 (`S <= 512`).  Lowering also tells which inputs index an embedding table, so ids outside
 `[0, rows)` are caught here with the argument named, not deep inside a gather kernel.
+A float input must hold floats (integers, such as raw uint8 pixels, are refused rather than
+cast) and only finite values.
 Inputs are validated as numpy arrays (token tensors are small) and cast to the declared
 dtype; each backend then moves them to its own tensors.
 """
@@ -140,6 +142,7 @@ class InputValidator:
                 converted.append(np.full(shape, self.entry.defaults[name], dtype=numpy_type))
                 continue
             self._check_bounds(name, arrays[name])
+            self._check_finite(name, t, arrays[name])
             converted.append(np.ascontiguousarray(arrays[name].astype(numpy_type, copy=False)))
         return converted, dims
 
@@ -165,7 +168,13 @@ class InputValidator:
         if want_int and kind not in "iu":
             raise _input_error(self.entry, f"`{name}` must hold integers ({t}), found dtype {array.dtype}",
                                "token ids and type ids are integers; convert with .astype(int) if the values are whole")
-        if not want_int and kind not in "fiu":
+        if not want_int and kind in "iub":
+            # Raw pixels (uint8 0..255) where scaled floats are declared would run and give
+            # nonsense, so integers are refused rather than cast.
+            raise _input_error(self.entry, f"`{name}` must hold floats ({t}), found dtype {array.dtype}",
+                               "an image model takes preprocessed pixels: `model.preprocess(images)` makes them "
+                               "from files, PIL images or uint8 arrays")
+        if not want_int and kind != "f":
             raise _input_error(self.entry, f"`{name}` must hold numbers ({t}), found dtype {array.dtype}")
 
     def _bind_dims(self, name: str, t: ir.TensorType, array: np.ndarray, dims: dict[str, int]) -> None:
@@ -203,6 +212,17 @@ class InputValidator:
                 raise InputError(Diagnostic(
                     codes.PRECONDITION_FAILED, f"`{self.entry.name}` requires {left} {op} {right}, but {values}", span,
                     (Note("declared by this `where` clause (the model's limit; e.g. truncate longer sequences)"),)))
+
+    def _check_finite(self, name: str, t: ir.TensorType, array: np.ndarray) -> None:
+        """A NaN or infinity in a float input would spread through every output (attention mixes
+        all positions), so it is refused with where it is."""
+        if array.dtype.kind != "f" or array.size == 0:
+            return
+        finite = np.isfinite(array)
+        if not finite.all():
+            where = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise _input_error(self.entry, f"`{name}` holds {array[where]} at {list(where)}: every value of a float "
+                               f"input ({t}) must be finite")
 
     def _check_bounds(self, name: str, array: np.ndarray) -> None:
         bound = self.bounds.get(name)

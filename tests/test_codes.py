@@ -169,8 +169,9 @@ def test_a_record_bound_to_another_name_fails_at_import(tmp_path):
 
 def test_each_stage_module_lists_its_stage_codes():
     from linnet.cli import run
-    from linnet.nest import hf, manifest, tokenizer, weights
-    for module, prefix in ((manifest, "E09"), (weights, "E10"), (hf, "E11"), (tokenizer, "E12"), (run, "E13")):
+    from linnet.nest import hf, images, manifest, tokenizer, weights
+    for module, prefix in ((manifest, "E09"), (weights, "E10"), (hf, "E11"), (tokenizer, "E12"), (run, "E13"),
+                           (images, "E14")):
         assert module.CODES and all(code.startswith(prefix) for code in module.CODES), module.__name__
         assert module.CODES == {c: r.summary for c, r in codes.BY_CODE.items() if c.startswith(prefix)}
 

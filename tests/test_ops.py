@@ -286,3 +286,47 @@ def test_gelu_tanh_is_checked_like_the_other_float_primitives(tmp_path):
         compile_target(locate(entry))
     (diagnostic,) = caught.value.diagnostics
     assert diagnostic.code == "E0330" and "`gelu_tanh` needs a float tensor, found dtype i32" in diagnostic.message
+
+
+# ------------------------------------------------------------------- concat
+
+CONCAT_SOURCE = """\
+module acts
+
+pub block Acts<D: Dim, T: Float = f32> {
+    param shift: Tensor[D; T]
+
+    // A [1, 1, D] row repeated over the batch and put in front of every sequence, then the
+    // sequences joined with themselves along the last axis: both ways `concat` is used.
+    pub entry joined<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S + 1, 2 * D; T] {
+        let first = concat(reshape(shift, [1, 1, D]), x, 1)
+        return concat(first, first * 2.0, -1)
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "stablehlo", "onnx"])
+def test_concat_repeats_a_one_axis_and_joins_on_every_backend(tmp_path, backend):
+    from linnet import nest
+
+    shift = np.arange(6, dtype=np.float32) - 2.5
+    entry, weights = write_entry(tmp_path / "acts", source=CONCAT_SOURCE, entry="joined", shift=shift)
+    model = nest.load(entry, backend=backend, weights=weights)
+    x = np.random.default_rng(2).standard_normal((3, 4, 6)).astype(np.float32)
+    got = np.asarray(model.joined(x))
+    first = np.concatenate([np.broadcast_to(shift, (3, 1, 6)), x], axis=1)
+    np.testing.assert_array_equal(got, np.concatenate([first, first * 2.0], axis=-1))
+
+
+@pytest.mark.parametrize("body,message", [
+    ("concat(x, y, 0)", r"axis 1 is 4 in Tensor\[2, 4; f32\] and 5 in Tensor\[3, 5; f32\]"),
+    ("concat(x, z, 0)", r"joins tensors of one rank, found Tensor\[2, 4; f32\] \(rank 2\)"),
+    ("concat(x, y, 2)", "axis 2 is out of range"),
+])
+def test_concat_refuses_axes_that_do_not_fit(tmp_path, body, message):
+    source = tmp_path / "c.linnet"
+    source.write_text("fn f(x: Tensor[2, 4; f32], y: Tensor[3, 5; f32], z: Tensor[4; f32]) -> Tensor[5, 4; f32] {\n"
+                      f"    return {body}\n}}\n", encoding="utf-8")
+    with pytest.raises(LinnetError, match=message):
+        compile_target(locate(source))

@@ -98,21 +98,36 @@ def test_cached_means_every_checkpoint_file_is_in_the_hf_cache(tmp_path, monkeyp
 # --------------------------------------------------------------------------- bindings vs transformers
 
 #: The transformers class whose checkpoints each root block is bound to.
-TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel"}
-#: Small sizes for the checkpoint transformers writes (the layer count stays the entry's).
-TINY = {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16}
+TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel",
+                      "ImageClassification": "ViTForImageClassification"}
+#: Small sizes for the checkpoint transformers writes, per family (the layer count stays the entry's).
+TINY = {
+    "bert": {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16},
+    "vit": {"Image": 8, "Patch": 4, "Channels": 3, "D": 8, "Heads": 2, "Inner": 16, "Labels": 5, "H": 8, "W": 8},
+}
 
 
-def transformers_checkpoint(folder: Path, root: str, layers: int) -> Path:
+def _transformers_config(family: str, layers: int):
+    import transformers
+
+    tiny = TINY[family]
+    if family == "vit":
+        return transformers.ViTConfig(
+            image_size=tiny["Image"], patch_size=tiny["Patch"], num_channels=tiny["Channels"], hidden_size=tiny["D"],
+            num_attention_heads=tiny["Heads"], intermediate_size=tiny["Inner"], num_hidden_layers=layers,
+            num_labels=tiny["Labels"])
+    return transformers.BertConfig(
+        vocab_size=tiny["Vocab"], max_position_embeddings=tiny["MaxPositions"], type_vocab_size=tiny["TypeVocab"],
+        hidden_size=tiny["D"], num_attention_heads=tiny["Heads"], intermediate_size=tiny["Inner"],
+        num_hidden_layers=layers)
+
+
+def transformers_checkpoint(folder: Path, family: str, root: str, layers: int) -> Path:
     """The model.safetensors transformers' own `save_pretrained` writes for a tiny config of
     the root's class: its key layout, with no download."""
     import transformers
 
-    config = transformers.BertConfig(
-        vocab_size=TINY["Vocab"], max_position_embeddings=TINY["MaxPositions"], type_vocab_size=TINY["TypeVocab"],
-        hidden_size=TINY["D"], num_attention_heads=TINY["Heads"], intermediate_size=TINY["Inner"],
-        num_hidden_layers=layers)
-    getattr(transformers, TRANSFORMERS_CLASS[root])(config).save_pretrained(folder)
+    getattr(transformers, TRANSFORMERS_CLASS[root])(_transformers_config(family, layers)).save_pretrained(folder)
     return folder / "model.safetensors"
 
 
@@ -131,10 +146,10 @@ def test_each_entrys_bindings_are_the_layout_transformers_writes(tmp_path, name)
     from linnet.nest.weights import entry_bindings, read_index, verify_bindings
 
     manifest = load_manifest(name)
-    params = compile_target(locate(str(ZOO / name)), TINY).instance.params
+    params = compile_target(locate(str(ZOO / name)), TINY[manifest.family]).instance.params
     bindings, _ = entry_bindings(manifest.weights, [p.name for p in params])
     assert list(bindings) == [p.name for p in params]
-    written = transformers_checkpoint(tmp_path, manifest.source.root, manifest.generics["Layers"])
+    written = transformers_checkpoint(tmp_path, manifest.family, manifest.source.root, manifest.generics["Layers"])
     index = read_index([written])
     assert {torch_spelling(key) for key in bindings.values()} == set(index)
     report = verify_bindings(params, bindings, index)

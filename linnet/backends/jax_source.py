@@ -25,7 +25,7 @@ from .. import dtypes, kernels
 from ..middle import ir
 from ..diagnostics import InternalError
 from ..ops import Emissions
-from .pysource import (arg_texts, ATOM, emission_order, first_atom, FunctionNamer, function_call, header, OPERATORS,
+from .pysource import (arg_texts, ATOM, concat_parts, emission_order, first_atom, FunctionNamer, function_call, header, OPERATORS,
                        py_dim, py_index_item, py_name, PyWriter, Scope)
 
 
@@ -98,6 +98,12 @@ def _emit_cumsum(w, e: ir.Op, scope: Scope):
 @EMISSIONS.register("sum", "mean", "max")
 def _emit_reduce(w, e: ir.Op, scope: Scope):
     return f"jnp.{e.op}({arg_texts(w, e, scope)[0]}, axis={e.attr('axis')}, keepdims=True)", ATOM
+
+
+@EMISSIONS.register("concat")
+def _emit_concat(w, e: ir.Op, scope: Scope):
+    parts = concat_parts(w, e, scope, lambda atom, shape: f"jnp.broadcast_to({atom}, ({shape},))")
+    return f"jnp.concatenate([{', '.join(parts)}], axis={e.attr('axis')})", ATOM
 
 
 @EMISSIONS.register("take")

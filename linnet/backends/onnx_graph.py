@@ -533,6 +533,19 @@ def _emit_cumsum(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node("CumSum", [args[0], site.em.constant(e.attr("axis"), "i64")])
 
 
+@EMISSIONS.register("concat")
+def _emit_concat(site: _Site, e: ir.Op, args: list[str]) -> str:
+    axis, parts = e.attr("axis"), []
+    for arg, name in zip(e.args, args):
+        dims = arg.type.dims
+        if any(i != axis and str(d) != str(r) for i, (d, r) in enumerate(zip(dims, e.type.dims))):
+            # An axis of 1 where the result's is wider: Expand it (the join axis keeps its own size).
+            name = site.node("Expand", [name, site.em.shape(tuple(dims[i] if i == axis else r
+                                                                   for i, r in enumerate(e.type.dims)))])
+        parts.append(name)
+    return site.node("Concat", parts, axis=axis)
+
+
 @EMISSIONS.register("take")
 def _emit_take(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node("Gather", args, axis=0)

@@ -255,6 +255,20 @@ def first_atom(w: "PyWriter", e: ir.Op, scope: Scope) -> str:
     return w._arg(e.args[0], scope, ATOM)
 
 
+def concat_parts(w: "PyWriter", e: ir.Op, scope: Scope, expand: Callable[[str, str], str]) -> list[str]:
+    """The operands of a `concat` as text, each one whose other axes are 1 where the result's
+    are not repeated to the result's size by `expand(atom, shape)` (the axis itself keeps its own)."""
+    axis, parts = e.attr("axis"), []
+    for arg in e.args:
+        dims = arg.type.dims
+        if all(i == axis or str(d) == str(r) for i, (d, r) in enumerate(zip(dims, e.type.dims))):
+            parts.append(w._expr(arg, scope)[0])
+        else:
+            shape = ", ".join(py_dim(dims[i] if i == axis else r) for i, r in enumerate(e.type.dims))
+            parts.append(expand(w._arg(arg, scope, ATOM), shape))
+    return parts
+
+
 def function_call(function: str) -> Emission:
     """The emission of an elementwise op as one framework call: `torch.erf(x)`."""
     return lambda w, e, scope: (f"{function}({w._expr(e.args[0], scope)[0]})", ATOM)

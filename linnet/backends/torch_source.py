@@ -17,7 +17,7 @@ from ..middle import ir
 from ..ops import Emissions
 from ..paths import source_label
 from .pysource import (ATOM, FunctionNamer, OPERATORS, PyWriter, Scope, arg_texts, comment_generics, comment_text,
-                       emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
+                       concat_parts, emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
 
 
 def torch_dtype(dtype: str) -> str:
@@ -101,6 +101,12 @@ def _emit_cumsum(w, e: ir.Op, scope: Scope):
 def _emit_reduce(w, e: ir.Op, scope: Scope):
     method = "amax" if e.op == "max" else e.op
     return f"{first_atom(w, e, scope)}.{method}(dim={e.attr('axis')}, keepdim=True)", ATOM
+
+
+@EMISSIONS.register("concat")
+def _emit_concat(w, e: ir.Op, scope: Scope):
+    parts = concat_parts(w, e, scope, lambda atom, shape: f"{atom}.expand({shape})")
+    return f"torch.cat([{', '.join(parts)}], dim={e.attr('axis')})", ATOM
 
 
 @EMISSIONS.register("take")

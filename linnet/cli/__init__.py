@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="tokenise texts, run a model and print what it is for "
                                      "(fill-mask, similarity, classification, pooled vectors)")
     run.add_argument("name", metavar="NAME", help="zoo entry (name or folder) or hf:org/repo")
-    run.add_argument("texts", nargs="+", metavar="TEXT", help="texts to run; [MASK] marks a token to fill")
+    run.add_argument("texts", nargs="+", metavar="TEXT",
+                     help="texts to run ([MASK] marks a token to fill), or image files for an image model")
     run.add_argument("--backend", choices=available(), default="torch")
     run.add_argument("--task", choices=TASKS, default="auto",
                      help="what to print (default: chosen from the model's entries and the texts)")

@@ -1,4 +1,5 @@
-"""`linnet run NAME TEXT...`: tokenise some texts, run a model, print what its entry is for.
+"""`linnet run NAME TEXT...`: tokenise some texts (or read some images), run a model, print what
+its entry is for.
 
 What gets printed depends on the model, unless `--task` says otherwise:
 
@@ -8,7 +9,9 @@ What gets printed depends on the model, unless `--task` says otherwise:
   similarity of every pair of texts;
 * classify: a classifier loaded with `hf:` (a `logits` entry and labels): each text's labels
   ranked by probability;
-* pool: anything else with a `pool` entry: a summary of each text's pooled vector.
+* pool: anything else with a `pool` entry: a summary of each text's pooled vector;
+* classify-image: an image model (`[image]` in nest.toml): the arguments are image files,
+  preprocessed as the repo says, and each image's labels are ranked by probability.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import numpy as np
 from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
 
-TASKS = ("auto", "fill-mask", "similarity", "classify", "pool")
+TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image")
 
 #: The codes of `linnet run`, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("cli")
@@ -45,6 +48,8 @@ def load_model(options: Options):
 
 def choose_task(model, texts: list[str]) -> str:
     entries, tags = set(model.entries), set(model.manifest.tags)
+    if getattr(model.manifest, "image", None) is not None:
+        return "classify-image"
     if "mlm" in entries and any("[MASK]" in t for t in texts):
         return "fill-mask"
     if "embed" in entries and "sentence-similarity" in tags:
@@ -115,6 +120,20 @@ def classify(model, texts: list[str], top: int) -> list[str]:
     return lines
 
 
+def classify_images(model, paths: list[str], top: int) -> list[str]:
+    """Each image's `top` labels: the root entry's logits (`forward` of an image classifier)."""
+    if getattr(model.manifest, "image", None) is None:
+        raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, f"--task classify-image needs an image model; "
+                                                             f"{model.manifest.name} declares no [image] table"))
+    probabilities = _softmax(_numpy(model(model.preprocess(paths))))
+    labels = model.labels or tuple(f"LABEL_{i}" for i in range(probabilities.shape[1]))
+    lines = []
+    for row, path in enumerate(paths):
+        lines.append(f"{path}:")
+        lines += [f"  {probabilities[row, i]:6.3f}  {labels[i]}" for i in np.argsort(-probabilities[row])[:top]]
+    return lines
+
+
 def pool(model, texts: list[str]) -> list[str]:
     _needs(model, "pool", "pool")
     vectors = _numpy(model.pool(**model.tokenizer(texts)))
@@ -138,4 +157,6 @@ def run(options: Options) -> list[str]:
         return [header, *similarity(model, options.texts)]
     if task == "classify":
         return [header, *classify(model, options.texts, options.top)]
+    if task == "classify-image":
+        return [header, *classify_images(model, options.texts, options.top)]
     return [header, *pool(model, options.texts)]

@@ -494,6 +494,10 @@ class _PrimLowering:
             return ir.Scalar(_number(arg.expr.as_int(), self.result_dtype, self._node.args[i].span), self.result)
         return None
 
+    def read_dims(self, dims) -> None:
+        for d in dims:
+            self._scope.used_dims |= set(d.free_symbols())
+
     def op(self, args, **attrs) -> ir.Op:
         return ir.Op(self._node.name, tuple(args), self.result, self._node.span.line, tuple(attrs.items()))
 

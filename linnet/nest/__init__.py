@@ -81,9 +81,35 @@ class Model:
         self.entries = tuple(program.entries)
         self._validators = {name: InputValidator(program, e) for name, e in program.entries.items()}
         self._tokenizer: Tokenizer | None = None
-        #: What each logit means, by index, for a classifier loaded as `hf:` (config.json's
-        #: `id2label`); None otherwise.
-        self.labels: tuple[str, ...] | None = getattr(manifest, "labels", None)
+        self._preprocessor = None
+        # A classifier loaded as `hf:` carries its config.json's `id2label` in its manifest.
+        self._labels: tuple[str, ...] | None = getattr(manifest, "labels", None)
+
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """What each logit means, by index (config.json's `id2label`): for a classifier loaded
+        as `hf:`, or an entry whose `[image].labels` names that file (read on first use);
+        None otherwise."""
+        spec = getattr(self.manifest, "image", None)
+        if self._labels is None and spec is not None and spec.labels is not None:
+            from .images import labels_for_entry
+
+            self._labels = labels_for_entry(self.manifest, self._beside())
+        return self._labels
+
+    def preprocess(self, images):
+        """Images as the entries take them, `[N, 3, H, W]` f32, made as `[image].preprocessor`
+        (the repo's preprocessor_config.json) says: `model(model.preprocess("cat.png"))`.
+        Takes a path, a PIL image or a uint8 array, or a list of them."""
+        if self._preprocessor is None:
+            from .images import preprocessor_for_entry
+
+            self._preprocessor = preprocessor_for_entry(self.manifest, self._beside())
+        return self._preprocessor(images)
+
+    def _beside(self) -> Path | None:
+        """The folder the checkpoint was read from, where its config files often are too."""
+        return self.info.files[0].parent if self.info.files else None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -92,8 +118,7 @@ class Model:
         if self.__dict__.get("_tokenizer") is None:
             from .tokenizer import for_entry
 
-            beside = self.info.files[0].parent if self.info.files else None
-            self._tokenizer = for_entry(self.manifest, beside)
+            self._tokenizer = for_entry(self.manifest, self._beside())
         return self._tokenizer
 
     def run(self, entry: str, *args, **kwargs):

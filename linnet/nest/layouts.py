@@ -73,8 +73,30 @@ BERT = Layout(
     prefixes={"bert.": "every BertFor* class", "": "BertModel"},
 )
 
+#: The ViT source (`nest/vit-base-patch16-224/src/lib.linnet`) against transformers'
+#: ViTForImageClassification: the trunk under `vit.` (the source's `vit: Model` sub-block),
+#: the classifier beside it.  Its LayerNorms are named after their place in the layer
+#: (`layernorm_before`), never `LayerNorm`, so no TF-era spelling applies.
+VIT = Layout(
+    name="vit",
+    summary="the ViT source's params as transformers' ViTForImageClassification stores them",
+    rules=_rules(
+        (r"vit\.embeddings\.(cls_token|position_embeddings)", r"{P}embeddings.\1"),
+        (r"vit\.embeddings\.patch_embeddings\.(weight|bias)", r"{P}embeddings.patch_embeddings.projection.\1"),
+        (r"vit\.layers\.(\d+)\.(layernorm_before|layernorm_after)\.(weight|bias)", r"{P}encoder.layer.\1.\2.\3"),
+        (r"vit\.layers\.(\d+)\.attention\.(query|key|value)\.(weight|bias)",
+         r"{P}encoder.layer.\1.attention.attention.\2.\3"),
+        (r"vit\.layers\.(\d+)\.attention\.out\.(weight|bias)", r"{P}encoder.layer.\1.attention.output.dense.\2"),
+        (r"vit\.layers\.(\d+)\.up\.(weight|bias)", r"{P}encoder.layer.\1.intermediate.dense.\2"),
+        (r"vit\.layers\.(\d+)\.down\.(weight|bias)", r"{P}encoder.layer.\1.output.dense.\2"),
+        (r"vit\.layernorm\.(weight|bias)", r"{P}layernorm.\1"),
+        (r"classifier\.(weight|bias)", r"classifier.\1"),
+    ),
+    prefixes={"vit.": "ViTForImageClassification"},
+)
+
 #: Every declared layout by the name nest.toml gives it.
-LAYOUTS = {layout.name: layout for layout in (BERT,)}
+LAYOUTS = {layout.name: layout for layout in (BERT, VIT)}
 
 #: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
 #: writes (torch's), and what each becomes.

@@ -20,6 +20,9 @@ of a bindings.json of the entry's own.
 
 `[tokenizer]` (optional) names the tokenizer files in the `[weights]` repo: `vocab.txt`
 with `lowercase = true|false`, or `tokenizer.json`; `linnet.nest.tokenizer` builds it.
+`[image]` (optional) names an image model's `preprocessor_config.json` and the
+`config.json` whose `id2label` names its classes, in the same repo; `linnet.nest.images`
+reads them.
 
 Why over 500 lines: the strict schema of two manifest files, table by table, each field
 validated with its own message; the typed table reader they share is at the bottom.
@@ -123,6 +126,16 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """`[image]`: files of `[weights].repo` at `[weights].revision` that say how pictures become
+    model inputs (`preprocessor`, transformers' preprocessor_config.json) and what each logit
+    means (`labels`, a config.json with `id2label`; None when the entry names none)."""
+
+    preprocessor: str
+    labels: str | None = None
+
+
+@dataclass(frozen=True)
 class PackageSpec:
     """`linnet.toml`'s `[package]`."""
 
@@ -153,6 +166,8 @@ class Manifest:
     outputs: dict[str, str] = field(default_factory=dict)
     #: `[tokenizer]`, or None when the entry names no tokenizer files.
     tokenizer: TokenizerSpec | None = None
+    #: `[image]`, or None for an entry that takes no pictures.
+    image: ImageSpec | None = None
 
     def output_name(self, entry: str) -> str:
         return self.outputs.get(entry, entry)
@@ -261,7 +276,7 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
 
 def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
     root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights",
-                                    "tokenizer"))
+                                    "tokenizer", "image"))
     model = root.table("model", required=True)
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
     # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
@@ -278,10 +293,12 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
     check = root.table("check", required=False).map("an integer", _is_int)
     weights = _read_weights(entry_dir, root.table("weights", required=False))
     tokenizer = _read_tokenizer(root.table("tokenizer", required=False), has_weights="weights" in nest.data)
+    image = _read_image(root.table("image", required=False), has_weights="weights" in nest.data)
     if nest.problems or source is None or package is None:
         return None
     return Manifest(dir=entry_dir, tags=tags, links=links, outputs=outputs, source=source, generics=generics,
-                    check=check, weights=weights, package=package, tokenizer=tokenizer, **fields)
+                    check=check, weights=weights, package=package, tokenizer=tokenizer,
+                    image=image, **fields)
 
 
 def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
@@ -457,6 +474,24 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
     if lowercase is None and names[0] == VOCAB_TXT:
         return None  # mistyped, reported already
     return TokenizerSpec(files=tuple(files), lowercase=lowercase)
+
+
+def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
+    """`preprocessor = "preprocessor_config.json"`, optionally `labels = "config.json"`."""
+    preprocessor = table.take("preprocessor", _STR)
+    labels = table.take("labels", _STR, required=False)
+    table.finish()
+    if not table.present or preprocessor is None:
+        return None
+    if not has_weights:
+        table.problem(codes.MISSING_FIELD, None, "[image] files are fetched from [weights].repo at "
+                                                 "[weights].revision, but nest.toml has no [weights] table")
+    for field_name, name in (("preprocessor", preprocessor), ("labels", labels)):
+        if name is not None and (_escapes(name) or not name):
+            table.problem(codes.PATH_OUTSIDE_ENTRY, field_name, f"[image].{field_name} {name!r} must be a path "
+                                                                f"inside the repository")
+            return None
+    return ImageSpec(preprocessor=preprocessor, labels=labels)
 
 
 def _read_generics(table: "_Table") -> dict[str, int | str]:

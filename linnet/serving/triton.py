@@ -34,7 +34,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, codes, dtypes
@@ -86,6 +86,9 @@ class TritonIO:
     batch_dim: str | None  # the leading dim every input and output shares, e.g. "B"
     inputs: tuple[Tensor, ...]
     outputs: tuple[Output, ...]
+    #: Dims every entry pins to one value by a precondition (`where H == 224`): Triton's config
+    #: states them as that number, so a client sees [3, 224, 224] rather than [3, -1, -1].
+    fixed: dict = field(default_factory=dict)
 
 
 def _dims(t: ir.TensorType) -> tuple[str, ...]:
@@ -128,7 +131,21 @@ def triton_io(ctx, entries=None) -> TritonIO:
     # The batch dim: the leading dim of the first input, when it is a free dim of the entry.
     lead = inputs[0].dims[0] if inputs and inputs[0].dims else None
     batch = lead if lead in first.dims and all(t.dims and t.dims[0] == lead for t in (*inputs, *outputs)) else None
-    return TritonIO(ctx.name, batch, inputs, tuple(outputs))
+    # Dims every served entry pins to one number (`where H == 224`) are that number in the config.
+    fixed = _fixed_dims(chosen[0])
+    for entry in chosen[1:]:
+        fixed = {d: v for d, v in _fixed_dims(entry).items() if fixed.get(d) == v}
+    return TritonIO(ctx.name, batch, inputs, tuple(outputs), fixed)
+
+
+def _fixed_dims(entry: ir.Entry) -> dict[str, int]:
+    """The entry's dims a precondition `D == n` pins to the number n."""
+    fixed = {}
+    for left, op, right, _ in entry.preconditions:
+        for dim, value in ((left, right), (right, left)):
+            if op == "==" and str(dim) in entry.dims and value.as_int() is not None:
+                fixed[str(dim)] = value.as_int()
+    return fixed
 
 
 def _chosen_entries(ctx, program: ir.Program, entries) -> list:
@@ -211,15 +228,19 @@ def output_model_name(io: TritonIO, output: str) -> str:
     return f"{io.name}.{output}"
 
 
-def _config_dims(t: Tensor, batched: bool) -> tuple[int, ...]:
-    # Triton's dims leave out the batch dim when max_batch_size > 0; any other dim that is not
-    # a number (S, or an expression of the entry's dims) is variable: -1.
+def _config_dims(t: Tensor, batched: bool, fixed: dict | None = None) -> tuple[int, ...]:
+    # Triton's dims leave out the batch dim when max_batch_size > 0; a dim pinned by a
+    # precondition is its number; any other dim that is not a number (S, or an expression of
+    # the entry's dims) is variable: -1.
     dims = t.dims[1:] if batched else t.dims
-    return tuple(int(d) if d.isdigit() else -1 for d in dims)
+    fixed = fixed or {}
+    return tuple(int(d) if d.isdigit() else fixed.get(d, -1) for d in dims)
 
 
-def _tensor_fields(t: Tensor, batched: bool, name: str | None = None, optional: bool = False) -> list:
-    fields = [("name", name or t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)), ("dims", _config_dims(t, batched))]
+def _tensor_fields(t: Tensor, batched: bool, name: str | None = None, optional: bool = False,
+                   fixed: dict | None = None) -> list:
+    fields = [("name", name or t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
+              ("dims", _config_dims(t, batched, fixed))]
     if optional:
         fields.append(("optional", True))
     return fields
@@ -251,7 +272,7 @@ def _optional(t: Input) -> bool:
 def _python_config(io: TritonIO, options: ServingOptions, name: str, outputs: list) -> str:
     batched = options.max_batch_size > 0
     fields: list = [("name", name), ("backend", "python"), ("max_batch_size", options.max_batch_size),
-                    ("input", [_tensor_fields(t, batched, optional=_optional(t)) for t in io.inputs]),
+                    ("input", [_tensor_fields(t, batched, optional=_optional(t), fixed=io.fixed) for t in io.inputs]),
                     ("output", outputs), *_scheduling_fields(options)]
     return "\n".join(_format(fields)) + "\n"
 
@@ -261,8 +282,8 @@ def _onnx_config(io: TritonIO, options: ServingOptions, output: Output) -> str:
     batched = options.max_batch_size > 0
     fields: list = [("name", output_model_name(io, output.name)), ("platform", "onnxruntime_onnx"),
                     ("default_model_filename", "model.onnx"), ("max_batch_size", options.max_batch_size),
-                    ("input", [_tensor_fields(t, batched) for t in io.inputs]),
-                    ("output", [_tensor_fields(output, batched)]), *_scheduling_fields(options)]
+                    ("input", [_tensor_fields(t, batched, fixed=io.fixed) for t in io.inputs]),
+                    ("output", [_tensor_fields(output, batched, fixed=io.fixed)]), *_scheduling_fields(options)]
     return "\n".join(_format(fields)) + "\n"
 
 
@@ -281,8 +302,8 @@ def _ensemble_config(io: TritonIO, options: ServingOptions) -> str:
                       ("input_map", [[("key", t.name), ("value", CHECKED + t.name)] for t in io.inputs]),
                       ("output_map", [[("key", output.name), ("value", output.name)]])])
     fields: list = [("name", io.name), ("platform", "ensemble"), ("max_batch_size", options.max_batch_size),
-                    ("input", [_tensor_fields(t, batched, optional=_optional(t)) for t in io.inputs]),
-                    ("output", [_tensor_fields(t, batched) for t in io.outputs]),
+                    ("input", [_tensor_fields(t, batched, optional=_optional(t), fixed=io.fixed) for t in io.inputs]),
+                    ("output", [_tensor_fields(t, batched, fixed=io.fixed) for t in io.outputs]),
                     ("ensemble_scheduling", [("step", steps)])]
     return "\n".join(_format(fields)) + "\n"
 
@@ -294,8 +315,8 @@ def layout_configs(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> 
     _check_options(io, opts, runtime)
     batched = opts.max_batch_size > 0
     if runtime == "python":
-        return {io.name: _python_config(io, opts, io.name, [_tensor_fields(t, batched) for t in io.outputs])}
-    checked_outputs = [_tensor_fields(t, batched, name=CHECKED + t.name) for t in io.inputs]
+        return {io.name: _python_config(io, opts, io.name, [_tensor_fields(t, batched, fixed=io.fixed) for t in io.outputs])}
+    checked_outputs = [_tensor_fields(t, batched, name=CHECKED + t.name, fixed=io.fixed) for t in io.inputs]
     configs = {io.name: _ensemble_config(io, opts),
                io.name + VALIDATE_SUFFIX: _python_config(io, opts, io.name + VALIDATE_SUFFIX, checked_outputs)}
     for output in io.outputs:
