@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from .dims import DimExpr
-from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _cumsum, _iota, _matmul, _permute, _reduce,
+from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _concat, _cumsum, _iota, _matmul, _permute, _reduce,
                     _reshape, _select, _softmax, _take, _transpose, _unary_float)
 from .types import ALL_DTYPES, Type
 
@@ -99,6 +99,10 @@ def _lower_axis(low: PrimLowering):
 def _lower_compare(low: PrimLowering):
     # The result is bool, so a literal operand takes the dtype of the tensor it is compared with.
     return low.op(low.operands(low.tensor_dtype()))
+
+
+def _lower_concat(low: PrimLowering):
+    return low.op((low.arg(0), low.arg(1)), axis=low.static(2).as_int())
 
 
 def _lower_reshape(low: PrimLowering):
@@ -208,6 +212,8 @@ _RECORDS = [
                  _reduce, (2,), attrs=_AXIS, lower=_lower_axis) for name in ("sum", "mean", "max")),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
                _cumsum, (2,), attrs=_AXIS, lower=_lower_axis),
+    _primitive("concat", "concat(a: Tensor[..., N, ...; T], b: Tensor[..., M, ...; T], axis) -> "
+               "Tensor[..., N + M, ...; T]", _concat, (3,), attrs=_AXIS, lower=_lower_concat),
     _primitive("take", "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take, (2,)),
     _primitive("reshape", "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
                "(element count proven equal)", _reshape, (2,), attrs=(("shape", DIMS),), lower=_lower_reshape),

@@ -217,6 +217,24 @@ def _select(call: PrimCall) -> Type:
     return TensorT(shape.dims, value.dtype, value.weak)
 
 
+def _concat(call: PrimCall) -> Type:
+    """Two tensors joined along one axis: every other dim provably equal, the axis summed."""
+    a, b = call.tensor(0), call.tensor(1)
+    rank = call.known_rank(0, a)
+    if call.known_rank(1, b) != rank:
+        call.fail(f"`concat` joins tensors of one rank, found {a} and {b}", code=codes.SHAPE_MISMATCH)
+    if a.dtype != b.dtype:
+        call.fail(f"`concat` operands differ in dtype: {a.dtype} and {b.dtype}", code=codes.DTYPE_MISMATCH)
+    index = _axis(call, a, 2)
+    for i, (da, db) in enumerate(zip(a.dims, b.dims)):
+        if i != index and not call.ctx.dims_equal(da, db):
+            call.fail(f"`concat` along axis {index} needs every other axis equal, but axis {i} is {da} in {a} "
+                      f"and {db} in {b}", code=codes.SHAPE_MISMATCH)
+    dims = list(a.dims)
+    dims[index] = a.dims[index] + b.dims[index]
+    return TensorT(tuple(dims), a.dtype)
+
+
 def _cumsum(call: PrimCall) -> Type:
     t = call.tensor(0)
     _axis(call, t, 1)

@@ -103,10 +103,24 @@ TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel"}
 TINY = {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16}
 
 
-def transformers_checkpoint(folder: Path, root: str, layers: int) -> Path:
+#: GPT-2's sizes for the same purpose, and the class its unprefixed original checkpoint matches.
+GPT2_TINY = {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 32}
+
+
+def tiny_sizes(family: str) -> dict:
+    return GPT2_TINY if family == "gpt2" else TINY
+
+
+def transformers_checkpoint(folder: Path, root: str, layers: int, family: str = "bert") -> Path:
     """The model.safetensors transformers' own `save_pretrained` writes for a tiny config of
     the root's class: its key layout, with no download."""
     import transformers
+
+    if family == "gpt2":  # GPT2Model: the original checkpoints' keys, no prefix
+        config = transformers.GPT2Config(vocab_size=GPT2_TINY["Vocab"], n_positions=GPT2_TINY["MaxPositions"],
+                                         n_embd=GPT2_TINY["D"], n_head=GPT2_TINY["Heads"], n_layer=layers)
+        transformers.GPT2Model(config).save_pretrained(folder)
+        return folder / "model.safetensors"
 
     config = transformers.BertConfig(
         vocab_size=TINY["Vocab"], max_position_embeddings=TINY["MaxPositions"], type_vocab_size=TINY["TypeVocab"],
@@ -131,10 +145,11 @@ def test_each_entrys_bindings_are_the_layout_transformers_writes(tmp_path, name)
     from linnet.nest.weights import entry_bindings, read_index, verify_bindings
 
     manifest = load_manifest(name)
-    params = compile_target(locate(str(ZOO / name)), TINY).instance.params
+    family = manifest.family
+    params = compile_target(locate(str(ZOO / name)), tiny_sizes(family)).instance.params
     bindings, _ = entry_bindings(manifest.weights, [p.name for p in params])
     assert list(bindings) == [p.name for p in params]
-    written = transformers_checkpoint(tmp_path, manifest.source.root, manifest.generics["Layers"])
+    written = transformers_checkpoint(tmp_path, manifest.source.root, manifest.generics["Layers"], family)
     index = read_index([written])
     assert {torch_spelling(key) for key in bindings.values()} == set(index)
     report = verify_bindings(params, bindings, index)

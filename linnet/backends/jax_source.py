@@ -89,6 +89,11 @@ def _emit_softmax(w, e: ir.Op, scope: Scope):
     return f"jax.nn.softmax({arg_texts(w, e, scope)[0]}, axis={e.attr('axis')})", ATOM
 
 
+@EMISSIONS.register("concat")
+def _emit_concat(w, e: ir.Op, scope: Scope):
+    return f"jnp.concatenate(({', '.join(arg_texts(w, e, scope))}), axis={e.attr('axis')})", ATOM
+
+
 @EMISSIONS.register("cumsum")
 def _emit_cumsum(w, e: ir.Op, scope: Scope):
     # the declared dtype, so an int32 running count stays int32

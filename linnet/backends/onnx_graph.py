@@ -527,6 +527,11 @@ def _emit_reduce(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node(_REDUCE[e.op], args, axes=[axis], keepdims=1)
 
 
+@EMISSIONS.register("concat")
+def _emit_concat(site: _Site, e: ir.Op, args: list[str]) -> str:
+    return site.node("Concat", args, axis=e.attr("axis"))
+
+
 @EMISSIONS.register("cumsum")
 def _emit_cumsum(site: _Site, e: ir.Op, args: list[str]) -> str:
     # keeps the input dtype (an INT32 mask stays INT32)

@@ -90,6 +90,11 @@ def _emit_softmax(w, e: ir.Op, scope: Scope):
     return f"torch.softmax({arg_texts(w, e, scope)[0]}, dim={e.attr('axis')})", ATOM
 
 
+@EMISSIONS.register("concat")
+def _emit_concat(w, e: ir.Op, scope: Scope):
+    return f"torch.cat(({', '.join(arg_texts(w, e, scope))}), dim={e.attr('axis')})", ATOM
+
+
 @EMISSIONS.register("cumsum")
 def _emit_cumsum(w, e: ir.Op, scope: Scope):
     # torch widens integer cumsums to int64; keep the declared dtype
