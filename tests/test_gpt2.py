@@ -140,3 +140,89 @@ def test_padding_does_not_change_a_sequences_logits(tiny):
     alone = np.asarray(model(tokens[1:, -4:]))
     padded = np.asarray(model(tokens, attention_mask=mask))[1:, -4:]
     assert np.abs(alone - padded).max() < BOUND
+
+
+# ------------------------------------------------------------ the cache and generate (torch)
+
+
+def test_decode_after_prefill_equals_a_full_recompute_at_every_step(tiny):
+    model = load_tiny(tiny, "torch")
+    tokens, mask, _ = left_padded([6, 2], seed=4)
+    rng = np.random.default_rng(5)
+    cache = model.prefill(tokens, attention_mask=mask)
+    assert tuple(cache.shape) == (TINY["n_layer"] + 1, 2, 2, TINY["n_head"], 6, TINY["n_embd"] // TINY["n_head"])
+    for step in range(8):
+        full = np.asarray(model(tokens, attention_mask=mask))[:, -1]
+        assert np.abs(np.asarray(model.next_logits(cache)) - full).max() < BOUND, step
+        token = rng.integers(0, TINY["vocab_size"], (2, 1))
+        tokens, mask = np.concatenate([tokens, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
+        cache = model.decode(token, cache, attention_mask=mask)
+        assert cache.shape[4] == tokens.shape[1]
+
+
+def test_greedy_generate_is_token_identical_to_transformers(tiny):
+    model = load_tiny(tiny, "torch")
+    tokens, mask, _ = left_padded([7, 4, 1], seed=6)
+    ours = model.generate(tokens, 32, attention_mask=mask, eos_token_id=TINY["eos_token_id"])
+    with torch.no_grad():
+        theirs = tiny[2].generate(torch.tensor(tokens), attention_mask=torch.tensor(mask), max_new_tokens=32,
+                                  do_sample=False, pad_token_id=TINY["eos_token_id"]).numpy()
+    assert ours.shape == theirs.shape
+    assert (ours == theirs).all()
+
+
+def test_generate_stops_when_every_sequence_has_ended(tiny):
+    model = load_tiny(tiny, "torch")
+    tokens, mask, _ = left_padded([5], seed=7)
+    greedy = model.generate(tokens, 6, attention_mask=mask)
+    first = int(greedy[0, 5])  # declare the first generated token the end of text
+    ended = model.generate(tokens, 6, attention_mask=mask, eos_token_id=first)
+    assert ended.shape == (1, 6) and ended[0, -1] == first
+
+
+def test_sampling_with_a_seed_is_reproducible_and_seeds_differ(tiny):
+    model = load_tiny(tiny, "torch")
+    tokens, mask, _ = left_padded([5, 3], seed=8)
+    run = lambda seed: model.generate(tokens, 12, attention_mask=mask, do_sample=True, temperature=1.5, top_k=40,
+                                      top_p=0.95, seed=seed)
+    assert (run(1) == run(1)).all()
+    assert not all((run(1) == run(s)).all() for s in (2, 3, 4))
+    # top_k=1 leaves one candidate: sampling is then greedy.
+    assert (model.generate(tokens, 6, attention_mask=mask, do_sample=True, top_k=1, seed=9)
+            == model.generate(tokens, 6, attention_mask=mask)).all()
+
+
+# ------------------------------------------------------------------- bad input, before compute
+
+
+def test_a_prompt_plus_new_tokens_beyond_the_positions_is_refused_before_compute(tiny, monkeypatch):
+    model = load_tiny(tiny, "torch")
+    monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
+    with pytest.raises(Exception) as caught:
+        model.generate(np.zeros((1, 60), np.int64), 5)
+    assert caught.value.code == "E0702"
+    assert "60 tokens plus max_new_tokens = 5 needs 65 positions, but tiny-gpt2 has 64" in caught.value.render()
+
+
+def test_ids_outside_the_vocabulary_are_refused(tiny, monkeypatch):
+    model = load_tiny(tiny, "torch")
+    monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
+    for call in (lambda: model(np.array([[1, 97]])), lambda: model.generate(np.array([[1, 97]]), 3)):
+        with pytest.raises(Exception) as caught:
+            call()
+        assert caught.value.code == "E0701" and "`wte`, which has 97 rows" in caught.value.render()
+
+
+def test_a_cache_of_the_wrong_shape_is_refused(tiny, monkeypatch):
+    model = load_tiny(tiny, "torch")
+    good = np.zeros((TINY["n_layer"] + 1, 2, 1, TINY["n_head"], 5, 8), np.float32)
+    monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
+    wrong_heads = good[:, :, :, :3]
+    for cache, token, mask, says in [
+        (wrong_heads, [[1]], np.ones((1, 6)), "`cache` axis 3 must be 4"),
+        (good[:2], [[1]], np.ones((1, 6)), "`cache` axis 0 must be 3"),
+        (good, [[1]], np.ones((1, 5)), "`attention_mask` axis 1"),
+    ]:
+        with pytest.raises(Exception) as caught:
+            model.decode(np.array(token), cache, attention_mask=mask.astype(np.int64))
+        assert caught.value.code == "E0701" and says in caught.value.render(), caught.value.render()
