@@ -132,6 +132,8 @@ class InputValidator:
         for name, t in given:
             self._check_dtype(name, t, arrays[name])
             self._bind_dims(name, t, arrays[name], dims)
+        for name, t in given:
+            self._check_derived_dims(name, t, arrays[name], dims)
         self._check_nonempty(dims)
         self._check_preconditions(dims)
         converted = []
@@ -195,6 +197,21 @@ class InputValidator:
                 raise _input_error(self.entry, f"`{name}` has {dim} = {actual} on axis {axis}, but `{first}` has "
                                    f"{dim} = {dims[dim]}: inputs must agree on {dim}")
             dims[dim] = actual
+
+    def _check_derived_dims(self, name: str, t: ir.TensorType, array: np.ndarray, dims: dict[str, int]) -> None:
+        """Axes declared as an expression of other inputs' dims (decode's mask is [B, P + 1])
+        must have that value; `_bind_dims` binds only whole dims."""
+        for axis, (expected, actual) in enumerate(zip(t.dims, array.shape)):
+            if expected.as_int() is not None or any(expected == sym(d) for d in self.entry.dims):
+                continue
+            try:
+                value = expected.evaluate(dims)
+            except DimError:
+                continue
+            if value != actual:
+                bound = ", ".join(f"{d} = {dims[d]}" for d in sorted(expected.free_symbols()) if d in dims)
+                raise _input_error(self.entry, f"`{name}` axis {axis} must be {expected} = {value} ({t}, with "
+                                   f"{bound}), found {actual}")
 
     def _check_nonempty(self, dims: dict[str, int]) -> None:
         for dim, value in dims.items():

@@ -100,10 +100,14 @@ def test_cached_means_every_checkpoint_file_is_in_the_hf_cache(tmp_path, monkeyp
 #: The transformers class whose checkpoints each root block is bound to.
 TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel",
                       "ImageClassification": "ViTForImageClassification"}
+#: Families whose entries bind one class whatever the root (GPT2Model: the original,
+#: unprefixed checkpoints' keys).
+FAMILY_CLASS = {"gpt2": "GPT2Model"}
 #: Small sizes for the checkpoint transformers writes, per family (the layer count stays the entry's).
 TINY = {
     "bert": {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16},
     "vit": {"Image": 8, "Patch": 4, "Channels": 3, "D": 8, "Heads": 2, "Inner": 16, "Labels": 5, "H": 8, "W": 8},
+    "gpt2": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 32},
 }
 
 
@@ -111,6 +115,9 @@ def _transformers_config(family: str, layers: int):
     import transformers
 
     tiny = TINY[family]
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=tiny["Vocab"], n_positions=tiny["MaxPositions"], n_embd=tiny["D"],
+                                       n_head=tiny["Heads"], n_layer=layers)
     if family == "vit":
         return transformers.ViTConfig(
             image_size=tiny["Image"], patch_size=tiny["Patch"], num_channels=tiny["Channels"], hidden_size=tiny["D"],
@@ -127,7 +134,8 @@ def transformers_checkpoint(folder: Path, family: str, root: str, layers: int) -
     the root's class: its key layout, with no download."""
     import transformers
 
-    getattr(transformers, TRANSFORMERS_CLASS[root])(_transformers_config(family, layers)).save_pretrained(folder)
+    name = FAMILY_CLASS.get(family) or TRANSFORMERS_CLASS[root]
+    getattr(transformers, name)(_transformers_config(family, layers)).save_pretrained(folder)
     return folder / "model.safetensors"
 
 

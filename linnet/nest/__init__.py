@@ -141,6 +141,18 @@ class Model:
         return encode(self, texts, batch_size=batch_size, normalize=normalize, progress=progress,
                       output=output, entry=entry, max_length=max_length)
 
+    def generate(self, prompt, max_new_tokens: int = 20, *, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 attention_mask=None, eos_token_id: int | None = None):
+        """A decoder's continuation of `prompt` ([B, S] ids, left-padded with `attention_mask`),
+        as transformers' `generate`; see `linnet.nest.generate.generate`."""
+        from .generate import generate
+
+        if eos_token_id is None:
+            eos_token_id = getattr(self.manifest, "eos_token_id", None)
+        return generate(self, prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, attention_mask=attention_mask, eos_token_id=eos_token_id)
+
     def __getattr__(self, name: str):
         entries = self.__dict__.get("_validators", {})
         if name in entries:

@@ -95,8 +95,27 @@ VIT = Layout(
     prefixes={"vit.": "ViTForImageClassification"},
 )
 
+
+#: The GPT-2 source (`nest/gpt2/src/lib.linnet`) against the original OpenAI checkpoints and
+#: transformers' GPT2* classes. The source's blocks are named as the checkpoint's modules, so
+#: every key is the param path itself (Conv1D weights stored [In, Out], Q/K/V in one `c_attn`),
+#: except the two tables, which are `Embedding` modules upstream. The causal-mask buffers some
+#: checkpoints carry (`h.N.attn.bias`, `h.N.attn.masked_bias`) match no rule: reported unused.
+#: The LM head is tied to `wte`, so `lm_head.weight`, where a checkpoint stores it, is unused too.
+GPT2 = Layout(
+    name="gpt2",
+    summary="the GPT-2 source's params as the original checkpoints and transformers' GPT2* classes store them",
+    rules=_rules(
+        (r"(wte|wpe)", r"{P}\1.weight"),
+        (r"(h\.\d+\.(?:ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(?:weight|bias))", r"{P}\1"),
+        (r"ln_f\.(weight|bias)", r"{P}ln_f.\1"),
+    ),
+    prefixes={"": "the original openai-community checkpoints and GPT2Model",
+              "transformer.": "GPT2LMHeadModel and the other GPT2* head classes"},
+)
+
 #: Every declared layout by the name nest.toml gives it.
-LAYOUTS = {layout.name: layout for layout in (BERT, VIT)}
+LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, VIT)}
 
 #: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
 #: writes (torch's), and what each becomes.
