@@ -138,6 +138,8 @@ UNINFERRED_GENERIC: Final = _register("E0304", "uninferred-generic", "check",
     "a generic neither given nor inferable, or a block missing generic arguments")
 BAD_DTYPE_ARGUMENT: Final = _register("E0305", "bad-dtype-argument", "check",
     "a generic argument that is not a dtype of the required kind")
+BAD_REAL_ARGUMENT: Final = _register("E0308", "bad-real-argument", "check",
+    "a `Real` generic given something other than a number literal or a Real generic")
 ARGUMENT_TYPE: Final = _register("E0306", "argument-type", "check",
     "an argument that does not fit its parameter (or an `Option` not given as `some(x)`/`none`)")
 DECLARED_TYPE: Final = _register("E0307", "declared-type", "check",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 LAYER_NORM = "std.nn.norm::layer_norm"
 ATTENTION = "std.nn.attention::attention"
+#: `attention` with dropout on its probabilities (training); the same kernel with a rate.
+ATTENTION_DROPOUT = "std.nn.attention::attention_with_dropout"
 LINEAR = "std.nn.linear::Linear.forward"
 #: The block whose forward is `LINEAR` (its `ir.Block.source`), for passes that act per instance.
 LINEAR_BLOCK = LINEAR.rsplit(".", 1)[0]
@@ -22,4 +24,4 @@ RELU = "std.nn.activations::relu"
 SILU = "std.nn.activations::silu"
 
 #: Every key above.
-ALL = (LAYER_NORM, ATTENTION, LINEAR, EMBEDDING, GELU_ERF, GELU_TANH, RELU, SILU)
+ALL = (LAYER_NORM, ATTENTION, ATTENTION_DROPOUT, LINEAR, EMBEDDING, GELU_ERF, GELU_TANH, RELU, SILU)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from .dims import DimExpr
-from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _concat, _cumsum, _iota, _matmul, _permute, _reduce,
-                    _reshape, _select, _softmax, _take, _transpose, _unary_float)
+from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _concat, _cumsum, _dropout, _iota, _matmul, _permute,
+                    _reduce, _reshape, _select, _softmax, _take, _transpose, _unary_float)
 from .types import ALL_DTYPES, Type
 
 
@@ -218,6 +218,10 @@ _RECORDS = [
                attrs=_AXIS, lower=_lower_axis),
     *(_primitive(name, f"{name}(x: Tensor[..., N, ...; T], axis) -> Tensor[..., 1, ...; T]  (keeps the axis)",
                  _reduce, (2,), attrs=_AXIS, lower=_lower_axis) for name in ("sum", "mean", "max")),
+    # Training's regulariser: the identity in eval mode (every inference backend); in train mode
+    # each element is zeroed with probability `rate` and the rest scaled by 1 / (1 - rate).
+    _primitive("dropout", "dropout(x: Tensor[*S; T: Float], rate: T) -> Tensor[*S; T]  "
+               "(identity in eval mode)", _dropout, (2,)),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
                _cumsum, (2,), attrs=_AXIS, lower=_lower_axis),
     _primitive("concat", "concat(a: Tensor[..., N, ...; T], b: Tensor[..., M, ...; T], axis) -> "

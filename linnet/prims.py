@@ -217,6 +217,16 @@ def _select(call: PrimCall) -> Type:
     return TensorT(shape.dims, value.dtype, value.weak)
 
 
+def _dropout(call: PrimCall) -> Type:
+    """`dropout(x, rate)`: x itself in eval mode, so its type; the rate is one number."""
+    t = call.float_tensor(0)
+    rate = call.tensor(1, "a number (the drop rate)")
+    if rate.dims or not (rate.weak or is_float(rate.dtype)):
+        call.fail(f"the rate of `dropout` must be one float number (a literal, a Real generic or a scalar "
+                  f"parameter), found {rate}", 1)
+    return t
+
+
 def _cumsum(call: PrimCall) -> Type:
     t = call.tensor(0)
     _axis(call, t, 1)

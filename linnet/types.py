@@ -27,8 +27,20 @@ def number_range(dtype: str) -> tuple[float, float]:
 
 #: Generic parameter kinds and what may bind them.
 DIM_KIND, SHAPE_KIND = "Dim", "Shape"
+#: A number known when the model is built (a dropout rate): blocks only, used as a weak scalar.
+REAL_KIND = "Real"
 DTYPE_KINDS = {"Float": FLOAT_DTYPES, "Int": INT_DTYPES, "DType": ALL_DTYPES}
-GENERIC_KINDS = (DIM_KIND, SHAPE_KIND, *DTYPE_KINDS)
+GENERIC_KINDS = (DIM_KIND, SHAPE_KIND, *DTYPE_KINDS, REAL_KIND)
+
+
+@dataclass(frozen=True)
+class RealVar:
+    """A `Real` generic standing for the number an instantiation gives it (`HiddenDropout`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -164,8 +176,9 @@ class SubArrayT:
 
 Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT]
 
-#: What a generic is bound to: a dim, a dtype, or a run of dims for a variadic.
-Binding = Union[DimExpr, DType, tuple]
+#: What a generic is bound to: a dim, a dtype, a run of dims for a variadic, or a Real's
+#: number (a float, or a `RealVar` naming the enclosing block's Real generic).
+Binding = Union[DimExpr, DType, tuple, float, RealVar]
 
 
 def dims_only(env: Mapping[str, Binding]) -> dict[str, DimExpr]:

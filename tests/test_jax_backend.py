@@ -121,12 +121,15 @@ def test_generated_source_is_readable(minilm_jax):
     for block in program.blocks.values():
         for method in block.methods:
             assert f"{block.name}_{method}" in defined, (block.name, method)
-    assert {"split_heads", "attention", "layer_norm", "gelu_erf"} <= set(defined)
+    assert {"split_heads", "attention_with_dropout", "layer_norm", "gelu_erf"} <= set(defined)
     assert "jax.nn.gelu(x, approximate=False)" in source
     assert 'for layer in params["layers"]:' in source
     # Every statement points at a Linnet line that holds code, not a blank or a comment.
     lines = {}
-    statements = [line for line in source.splitlines() if re.match(r"\s+(return |\w+ = (?!\w+\.shape)|for )", line)]
+    # The dropout helpers (`_linnet_keys`, `_linnet_dropout`) are Linnet's own, not the source's.
+    generated = re.sub(r"^def _linnet_\w+\(.*?(?=^\S)", "", source, flags=re.M | re.S)
+    assert "def _linnet_dropout(" in source and "def _linnet_dropout(" not in generated
+    statements = [line for line in generated.splitlines() if re.match(r"\s+(return |\w+ = (?!\w+\.shape)|for )", line)]
     assert statements
     for line in statements:
         if re.search(r"# fused form of std\.nn\.\w+::[\w.]+$", line):
@@ -164,7 +167,7 @@ def test_backend_takes_no_options(minilm_checkpoint):
 def test_cli_build_writes_jax_source(tmp_path, capsys):
     assert cli_main(["build", "all-minilm-l6-v2", "--backend", "jax", "-o", str(tmp_path)]) == 0
     source = (tmp_path / "model.py").read_text()
-    assert "def Model_forward(params, tokens, token_types, attention_mask):" in source
+    assert "def Model_forward(params, tokens, token_types, attention_mask, rng=None):" in source
     assert f"wrote {tmp_path / 'model.py'}" in capsys.readouterr().out
     compile(source, "model.py", "exec")
 

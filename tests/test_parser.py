@@ -58,7 +58,8 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["split_heads"]
     model = blocks["Model"]
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
-                                                "Layers", "T"]
+                                                "Layers", "T", "HiddenDropout", "AttentionDropout"]
+    assert [g.kind for g in model.generics][-2:] == ["Real", "Real"]
     assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
                                                                          ("hidden_states", True, True),
                                                                          ("pool", True, True),

@@ -25,8 +25,8 @@ from .. import dtypes, kernels
 from ..middle import ir
 from ..diagnostics import InternalError
 from ..ops import Emissions
-from .pysource import (arg_texts, ATOM, concat_parts, emission_order, first_atom, FunctionNamer, function_call, header, OPERATORS,
-                       py_dim, py_index_item, py_name, PyWriter, Scope)
+from .pysource import (ATOM, OPERATORS, FunctionNamer, PyWriter, Scope, arg_texts, concat_parts, dropping_functions,
+                       emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
 
 
 def jax_dtype(dtype: str) -> str:
@@ -66,6 +66,32 @@ for _name, _function in _UNARY_FUNCS.items():
 @EMISSIONS.register("gelu_tanh")
 def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
     return f"jax.nn.gelu({arg_texts(w, e, scope)[0]}, approximate=True)", ATOM
+
+
+@EMISSIONS.register("dropout")
+def _emit_dropout(w, e: ir.Op, scope: Scope):
+    # The identity unless the caller passed a key source (`rng`): inference never does.
+    x, rate = arg_texts(w, e, scope)
+    return f"_linnet_dropout({x}, {rate}, {w.mode_arg(scope)})", ATOM
+
+
+#: What generated code that applies dropout defines once, after its imports.
+DROPOUT_HELPERS = """
+def _linnet_keys(key):
+    # Training's key source: a one-element list holding a PRNG key, which each dropout
+    # splits in turn as the trace reaches it (so every site and layer draws its own mask).
+    return [key]
+
+
+def _linnet_dropout(x, rate, rng):
+    # Without keys (inference, eval mode) the identity; else each element is zeroed with
+    # probability `rate` and the rest scaled by 1 / (1 - rate).
+    if rng is None or rate == 0.0:
+        return x
+    rng[0], key = jax.random.split(rng[0])
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+"""
 
 
 @EMISSIONS.register("maximum", "minimum")
@@ -159,6 +185,13 @@ class JaxEmitter(PyWriter):
             base_name=lambda fn: py_name(f"{blocks[fn.block].name}_{fn.name}" if fn.block else fn.name),
             fold_scope=lambda fn: blocks[fn.block].source if fn.block else "",
             name_scope=lambda fn: "")
+        self.dropping = dropping_functions(program)
+
+    def _mode_param(self, fn: ir.Function) -> str | None:
+        return "rng=None"  # entries run without it: inference is eval mode
+
+    def mode_arg(self, scope: Scope) -> str:
+        return "rng"
 
     # ----------------------------------------------------------------- module
     def emit(self, title: str = "JAX functions") -> str:
@@ -167,6 +200,8 @@ class JaxEmitter(PyWriter):
         lines += ["# Pure functions: `params` is the block's slice of the parameter tree (nested dicts by",
                   "# Linnet name, sub-block arrays as lists); dims are read from the inputs' shapes.",
                   "", "import jax", "import jax.numpy as jnp", "from jax import lax", ""]
+        if self.dropping:
+            lines += DROPOUT_HELPERS.splitlines()
         handles: list[int] = []
         for fn_id in emission_order(self.program):
             fn = self.program.functions[fn_id]
@@ -205,6 +240,8 @@ class JaxEmitter(PyWriter):
                 args.insert(0, py_name(e.receiver))
             else:
                 args.insert(0, f'{PARAMS}["{e.receiver}"]')
+        if e.function in self.dropping:
+            args.append("rng")
         return f"{name}({', '.join(args)})"
 
 

@@ -481,6 +481,13 @@ for _name, _op_type in {**_BINARY, **_UNARY}.items():
     EMISSIONS.add(_name, lambda site, e, args, op_type=_op_type: site.node(op_type, args))
 
 
+@EMISSIONS.register("dropout")
+def _emit_dropout(site: _Site, e: ir.Op, args: list[str]) -> str:
+    # An exported graph is for inference, where dropout is the identity; the node keeps the
+    # place visible (its doc string points at the source line).
+    return site.node("Identity", [args[0]])
+
+
 @EMISSIONS.register("rsqrt")
 def _emit_rsqrt(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node("Reciprocal", [site.node("Sqrt", args)])
@@ -629,6 +636,11 @@ def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: 
     return em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
 
 
+def _fused_attention_dropout(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """Attention with dropout on the probabilities: in an inference graph, attention itself."""
+    return _fused_attention(em, frame, args[:5], scalars)
+
+
 def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
     """y = x W^T + b as MatMul with the weight stored [In, Out], then Add (Gemm is 2-D only)."""
     fn = frame.fn
@@ -665,6 +677,7 @@ def _fused_gelu_erf(em: GraphEmitter, frame: _Frame, args: list[str], scalars: d
 FUSED = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
+    kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
     kernels.LINEAR: _fused_linear,
     kernels.GELU_ERF: _fused_gelu_erf,
 }

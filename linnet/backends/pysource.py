@@ -26,7 +26,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Names the generated modules use themselves; a Linnet name equal to one gets a suffix.
 RESERVED = frozenset({"torch", "F", "nn", "jax", "jnp", "lax", "math", "np", "self", "params", "Tensor",
-                      "_dims", "_linnet"}
+                      "_dims", "_linnet", "rng", "_linnet_dropout", "_linnet_keys"}
                      # nn.Module's own attributes (not `forward`): a param `training` or a function
                      # `eval` must not replace them in a generated class.
                      | {"T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init",
@@ -142,6 +142,30 @@ def emission_order(program: ir.Program) -> list[str]:
     for entry in program.entries.values():
         visit(entry.function)
     return order
+
+
+def dropping_functions(program: ir.Program) -> set[str]:
+    """The functions that apply dropout, themselves or through a callee: each takes the mode
+    (torch's `training` flag, JAX's key source) as one more argument, unless it can read it
+    itself (a torch method reads `self.training`)."""
+
+    def exprs(stmts):
+        for stmt in stmts:
+            yield from exprs(stmt.body) if isinstance(stmt, ir.Loop) else (stmt.value,)
+
+    def walk(e):
+        yield e
+        if isinstance(e, (ir.Op, ir.Call)):
+            for a in e.args:
+                yield from walk(a)
+
+    dropping: set[str] = set()
+    for fn_id in emission_order(program):  # callees first, so one pass settles every caller
+        for e in (n for value in exprs(program.functions[fn_id].body) for n in walk(value)):
+            if (isinstance(e, ir.Op) and e.op == "dropout") or (isinstance(e, ir.Call) and e.function in dropping):
+                dropping.add(fn_id)
+                break
+    return dropping
 
 
 PLACEHOLDER = "__linnet_function_name__"
@@ -315,16 +339,29 @@ class PyWriter:
     #: The framework function stacking a list of same-shaped tensors on a new first axis.
     STACK = ""
     fused = True
+    #: Functions that apply dropout (`dropping_functions`), set by the emitter.
+    dropping: set[str] = set()
+
+    def _mode_param(self, fn: ir.Function) -> str | None:
+        """The extra parameter a function applying dropout takes for the mode, if any."""
+        return None
+
+    def mode_arg(self, scope: Scope) -> str:
+        """The mode, as the code being written reaches it (for a dropout or a call that drops)."""
+        raise NotImplementedError
 
     def _function(self, fn: ir.Function) -> str:
         params = [py_name(name) for name, _ in fn.params]
-        signature = ", ".join(([self.receiver] if fn.block else []) + params)
+        mode = self._mode_param(fn) if fn.id in self.dropping else None
+        signature = ", ".join(([self.receiver] if fn.block else []) + params + ([mode] if mode else []))
         where = comment_text(f"{source_label(fn.span.file)}:{fn.span.line}")
         lines = [f"def {PLACEHOLDER}({signature}):",
                  f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
         template = self.FUSED.get(fn.source) if self.fused else None
         if template is not None:
             args = [py_name(name) if t is not None else "None" for name, t in fn.params]
+            if fn.id in self.dropping:
+                args.append(self.mode_arg(Scope(fn)))
             lines.append(f"    return {template(fn, args)}  # {self.fused_note} {comment_text(fn.source)}")
             return "\n".join(lines)
         body = self._stmts(fn.body, Scope(fn), 1)

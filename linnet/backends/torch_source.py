@@ -17,7 +17,8 @@ from ..middle import ir
 from ..ops import Emissions
 from ..paths import source_label
 from .pysource import (ATOM, FunctionNamer, OPERATORS, PyWriter, Scope, arg_texts, comment_generics, comment_text,
-                       concat_parts, emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
+                       concat_parts, dropping_functions, emission_order, first_atom, function_call, header, py_dim,
+                       py_index_item, py_name)
 
 
 def torch_dtype(dtype: str) -> str:
@@ -39,11 +40,19 @@ def _fused_attention(fn: ir.Function, args: list[str]) -> str:
     return f"F.scaled_dot_product_attention({q}, {k}, {v}{masked}, scale={scale})"
 
 
+def _fused_attention_dropout(fn: ir.Function, args: list[str]) -> str:
+    q, k, v, scale, mask, rate, training = args
+    masked = f", attn_mask={mask}" if mask != "None" else ""
+    return (f"F.scaled_dot_product_attention({q}, {k}, {v}{masked}, dropout_p={rate} if {training} else 0.0, "
+            f"scale={scale})")
+
+
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does, with PyTorch's fused kernel.
 FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
+    kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
     kernels.GELU_ERF: lambda fn, a: f"F.gelu({a[0]})",
     kernels.GELU_TANH: lambda fn, a: f'F.gelu({a[0]}, approximate="tanh")',
     kernels.RELU: lambda fn, a: f"F.relu({a[0]})",
@@ -64,6 +73,13 @@ for _name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
 @EMISSIONS.register("gelu_tanh")
 def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
     return f'F.gelu({arg_texts(w, e, scope)[0]}, approximate="tanh")', ATOM
+
+
+@EMISSIONS.register("dropout")
+def _emit_dropout(w, e: ir.Op, scope: Scope):
+    # The identity unless the module is in train mode (`.train()`), as transformers' nn.Dropout.
+    x, rate = arg_texts(w, e, scope)
+    return f"F.dropout({x}, {rate}, {w.mode_arg(scope)})", ATOM
 
 
 @EMISSIONS.register("maximum", "minimum")
@@ -158,6 +174,13 @@ class TorchEmitter(PyWriter):
         self.fused = fused
         self.namer = FunctionNamer()
         self._methods: set[str] = set()  # method names of the class being written
+        self.dropping = dropping_functions(program)
+
+    def _mode_param(self, fn: ir.Function) -> str | None:
+        return None if fn.block else "training"  # a method reads its module's own flag
+
+    def mode_arg(self, scope: Scope) -> str:
+        return "self.training" if scope.fn.block else "training"
 
     # ----------------------------------------------------------------- module
     def emit(self, title: str = "PyTorch module") -> str:
@@ -235,7 +258,10 @@ class TorchEmitter(PyWriter):
         return self._member(member, "_modules")
 
     def _call(self, e: ir.Call, scope: Scope) -> str:
-        args = ", ".join(self._expr(a, scope)[0] for a in e.args)
+        texts = [self._expr(a, scope)[0] for a in e.args]
+        if e.function in self.dropping and self._mode_param(self.program.functions[e.function]):
+            texts.append(self.mode_arg(scope))
+        args = ", ".join(texts)
         name = self.namer.names[e.function]
         if e.receiver is None:
             return f"{name}({args})"

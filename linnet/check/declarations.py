@@ -12,13 +12,13 @@ from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
 from ..front.resolve import ModuleInfo
-from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
+from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest
 from .inference import bind_explicit, symbol_name
 from .obligations import broadcasts_of, discharge, facts_of
 from .program import PARAM_DEFAULTS, BlockSig, FnSig, GenericInfo
-from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_type, resolve_where
+from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_real_arg, resolve_type, resolve_where
 
 
 def check_declarations(checker: Checker) -> None:
@@ -70,13 +70,19 @@ def _check_const(checker: Checker, module: ModuleInfo, node: ast.Const) -> None:
     checker.consts[item_key(module, node.name)] = (value.value, dtype)
 
 
-def _generic_infos(params: list[ast.GenericParam], outer: dict[str, GenericInfo]) -> list[GenericInfo]:
+def _generic_infos(params: list[ast.GenericParam], outer: dict[str, GenericInfo],
+                   on_block: bool = False) -> list[GenericInfo]:
     infos: list[GenericInfo] = []
     seen = dict(outer)
     for p in params:
         if p.kind not in GENERIC_KINDS:
             fail(codes.BAD_GENERIC_KIND, f"unknown generic kind `{p.kind}` for `{p.name}`", p.span,
                  Note(f"kinds are {', '.join(GENERIC_KINDS)}"))
+        if p.kind == REAL_KIND and not on_block:
+            # A function's generics are inferred from its arguments, and no argument type holds
+            # a number: a rate a function needs is a value parameter (`rate: T`).
+            fail(codes.BAD_GENERIC_KIND, f"`{p.name}`: a Real generic belongs to a block, not a function", p.span,
+                 Note("pass the number as a value parameter, e.g. `rate: T`"))
         if p.variadic != (p.kind == SHAPE_KIND):
             fail(codes.BAD_GENERIC_KIND,
                  f"`{p.name}`: a `Shape` generic is written `*{p.name}: Shape`, and only it is variadic",
@@ -96,11 +102,13 @@ def _generic_default(p: ast.GenericParam, scope: dict[str, GenericInfo]) -> Bind
         return resolve_dtype_arg(p.default, p.kind, scope, f"default of `{p.name}`")
     if p.kind == DIM_KIND:
         return resolve_dim(p.default, scope)
+    if p.kind == REAL_KIND:
+        return resolve_real_arg(p.default, scope, f"default of `{p.name}`")
     fail(codes.BAD_GENERIC_KIND, "a Shape generic cannot have a default", p.span)
 
 
 def _collect_block_header(checker: Checker, module: ModuleInfo, node: ast.Block) -> None:
-    generics = _generic_infos(node.generics, {})
+    generics = _generic_infos(node.generics, {}, on_block=True)
     block = BlockSig(item_key(module, node.name), node.name, node, module, generics)
     checker.blocks[block.key] = block
     # Methods first: a bad `where` clause below should not make every call of them an

@@ -9,7 +9,7 @@ from ..front import ast
 from .. import codes
 from ..diagnostics import Note
 from ..dims import DimError, DimExpr, const, floordiv, mod, sym
-from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, SHAPE_KIND, DTypeVar, OptionT, TensorT, Type, Variadic,
+from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, REAL_KIND, SHAPE_KIND, DTypeVar, RealVar, OptionT, TensorT, Type, Variadic,
                      dtype_kind_ok, scalar)
 from .core import fail, suggest
 from .program import BroadcastClause, WhereClause
@@ -38,6 +38,9 @@ def resolve_type(node: ast.TypeNode, scope) -> Type:
 
 
 def resolve_dim(node: ast.DimNode, scope) -> DimExpr:
+    if isinstance(node, ast.FloatLit):
+        fail(codes.BAD_DIM_EXPRESSION, f"a dim is an integer; `{node.text}` is a number for a Real generic",
+             node.span)
     if isinstance(node, ast.DimInt):
         return const(node.value)
     if isinstance(node, ast.DimName):
@@ -84,6 +87,20 @@ def resolve_dtype_arg(node, kind: str, scope, what: str):
     if not dtype_kind_ok(dtype, kind):
         fail(codes.BAD_DTYPE_ARGUMENT, f"{what} must be {kind}, found {dtype}", node.span)
     return dtype
+
+
+def resolve_real_arg(node, scope, what: str):
+    """A number passed to a `Real` generic: a literal (`0.1`, `0`), or a Real generic in scope."""
+    if isinstance(node, ast.FloatLit):
+        return float(node.value)
+    if isinstance(node, ast.DimInt):
+        return float(node.value)
+    if isinstance(node, ast.DimName) and node.name in scope and scope[node.name].kind == REAL_KIND:
+        return RealVar(node.name)
+    known = scope.get(node.name) if isinstance(node, ast.DimName) else None
+    found = f"`{node.name}`, a {known.kind} generic" if known else "an expression"
+    fail(codes.BAD_REAL_ARGUMENT, f"{what} is Real and needs a number (`0.1`) or a Real generic, found {found}",
+         node.span, *((Note(f"`{node.name}` is declared here", known.span),) if known else ()))
 
 
 def _shape(items: list, scope) -> tuple:

@@ -23,11 +23,18 @@ def _parse_set(items: list[str], parser: argparse.ArgumentParser) -> dict[str, i
         if not sep or not name.strip().isidentifier() or not raw.strip():
             parser.error(f"--set expects NAME=VALUE, found {item!r}")
         raw = raw.strip()
-        try:
-            values[name.strip()] = int(raw)
-        except ValueError:
-            values[name.strip()] = raw  # a dtype such as f16
+        values[name.strip()] = _set_value(raw)
     return values
+
+
+def _set_value(raw: str) -> int | float | str:
+    """An integer (a Dim), else a number (a Real such as a dropout rate), else a dtype name."""
+    for number in (int, float):
+        try:
+            return number(raw)
+        except ValueError:
+            pass
+    return raw  # a dtype such as f16
 
 
 # --------------------------------------------------------------------------- check

@@ -108,7 +108,7 @@ class SubArrayType:
     span: Span
 
 
-GenericArg = DimNode  # a dim expression, or a bare name that may be a dtype
+GenericArg = "DimNode | FloatLit"  # a dim expression, a bare name that may be a dtype, or a Real's number
 
 
 # --------------------------------------------------------------------------- exprs
@@ -280,8 +280,8 @@ Stmt = Let | Assign | Return | StaticFor | IfSome
 @dataclass(eq=False)
 class GenericParam:
     name: str
-    kind: str  # "Dim", "Float", "Int", "DType", "Shape"
-    default: NamedTypeNode | DimNode | None
+    kind: str  # "Dim", "Float", "Int", "DType", "Shape", "Real"
+    default: "NamedTypeNode | DimNode | FloatLit | None"
     variadic: bool
     span: Span
 

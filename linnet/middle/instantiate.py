@@ -8,6 +8,8 @@ manifest's `[check]` dims) and turned into runtime guards and export constraints
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from .. import codes
@@ -15,7 +17,7 @@ from ..check import BlockSig, CheckedProgram, FnSig, WhereClause
 from ..diagnostics import Diagnostic, LinnetError, Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from .params import ParamSpec
-from ..types import (DIM_KIND, DTYPE_KINDS, Binding, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
+from ..types import (DIM_KIND, DTYPE_KINDS, REAL_KIND, Binding, RealVar, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
                     format_binding, substitute)
 
 
@@ -242,7 +244,8 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
                                          table.span if table and table.span else origin,
                                          (Note("declared here without a default", g.span),)))
             else:
-                env[g.name] = g.default
+                # A Real default may name an earlier Real generic (`ClassifierDropout = HiddenDropout`).
+                env[g.name] = env.get(g.default.name, g.default) if isinstance(g.default, RealVar) else g.default
             continue
         value = values[g.name]
         if g.kind == DIM_KIND:
@@ -257,6 +260,11 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
                                            f"{', '.join(DTYPE_KINDS[g.kind])}, found {value!r}"))
                 continue
             env[g.name] = value
+        elif g.kind == REAL_KIND:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                errors.append(bad_value(g, f"`{g.name}` is Real and needs a finite number, found {value!r}"))
+                continue
+            env[g.name] = float(value)
     for name in sorted(set(values) - {g.name for g in block.generics}):
         where = origins.get(name)
         generics_note = Note(f"its generics are {', '.join(g.name for g in block.generics)}",

@@ -52,14 +52,20 @@ def _substitute_binding(value: Binding, env) -> Binding:
         return value.substitute(dims_only(env))
     if isinstance(value, tuple):
         return substitute_dims(value, env)
-    if isinstance(value, str):
-        return value
-    bound = env.get(value.name)  # a DTypeVar of the caller
+    if isinstance(value, (str, float)):
+        return value  # a dtype, or a Real's number
+    bound = env.get(value.name)  # a DTypeVar or RealVar of the caller
     return bound if bound is not None else value
 
 
 def _env_key(env: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in env.items()))
+
+
+def _id_part(value) -> str:
+    """A generic's value as part of a block id (`Inner_0p25` for a Real of 0.25)."""
+    text = str(_display(value))
+    return text.replace(".", "p").replace("-", "m").replace("+", "") if isinstance(value, float) else text
 
 
 def _display(value) -> object:
@@ -159,7 +165,7 @@ class Lowerer:
             for inst in insts:
                 name = inst.block.name
                 if len(insts) > 1:
-                    name += "_" + "_".join(str(_display(inst.env[g])) for g in differing)
+                    name += "_" + "_".join(_id_part(inst.env[g]) for g in differing)
                 self.block_ids[(block_key, _env_key(inst.env))] = name
                 self.instances[name] = inst
         for name, inst in self.instances.items():
@@ -319,6 +325,8 @@ class Lowerer:
             return ir.ParamRef(node.name, _concrete(t, {}))
         if info.kind == "dim":
             return self._dim(t.expr, scope)
+        if info.kind == "real":
+            return ir.Scalar(float(scope.env[node.name]), _concrete(t, {}))
         value, dtype = self.checked.consts[info.target]
         if isinstance(t, DimT):
             return ir.DimValue(t.expr)

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 from . import ir
 from ..arrays import framework_of
 from ..dims import const
-from ..kernels import ATTENTION, LINEAR
+from ..kernels import ATTENTION, ATTENTION_DROPOUT, LINEAR
 
 #: Passes `optimize` runs by default, in order.
 PASSES = ("fuse_linears", "fold_attention_scale")
@@ -280,7 +280,8 @@ def _fold_attention_scale(out: Optimized, exact: bool) -> None:
             assigned = {s.name for s in fn.body if isinstance(s, ir.Assign)}
 
             def fold(e):
-                if not (isinstance(e, ir.Call) and program.functions[e.function].source == ATTENTION):
+                attention = (ATTENTION, ATTENTION_DROPOUT)  # the same five leading arguments
+                if not (isinstance(e, ir.Call) and program.functions[e.function].source in attention):
                     return None
                 scale = e.args[3]
                 if not isinstance(scale, ir.Scalar) or scale.value == 1.0:

@@ -90,6 +90,12 @@ SIZES = (
     ("num_hidden_layers", "Layers", "the number of encoder layers"),
 )
 
+#: config.json dropout rates -> the BERT source's Real generics (training only; eval is exact).
+DROPOUTS = (("hidden_dropout_prob", "HiddenDropout"), ("attention_probs_dropout_prob", "AttentionDropout"))
+#: The heads whose classifier reads a dropped vector (transformers' `classifier_dropout`,
+#: falling back to the hidden rate when it is null, as the source's default does too).
+CLASSIFIER_DROPOUT = frozenset({"SequenceClassification", "TokenClassification", "MultipleChoice"})
+
 #: Linnet param path -> Hugging Face key: the BERT layout's table, the one zoo entries name too.
 HF_KEYS = BERT.rules
 #: TF-era checkpoints spell LayerNorm params `gamma`/`beta`.
@@ -287,6 +293,7 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
         labels = None
     if labels is not None:
         generics["Labels"] = len(labels)
+    _dropout_rates(config, root, generics, problem)
     # transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5.
     dtype = dtypes.lookup("torch", config.get("dtype", config.get("torch_dtype")))
     if dtype is not None and dtype.linnet and dtype.is_float:
@@ -354,6 +361,19 @@ def _labels(config: dict[str, Any], problem) -> tuple[str, ...] | None:
                                        f"{_describe(id2label) if not keys else 'ids ' + ', '.join(keys)}")
         return None
     return tuple(str(id2label[key]) for key in wanted)
+
+
+def _dropout_rates(config: dict[str, Any], root: str, generics: dict, problem) -> None:
+    """The config's dropout rates as the generics that apply them; absent keys keep the source's 0.1."""
+    fields = DROPOUTS + ((("classifier_dropout", "ClassifierDropout"),) if root in CLASSIFIER_DROPOUT else ())
+    for field, generic in fields:
+        value = config.get(field)
+        if value is None:  # absent, or classifier_dropout: null (the hidden rate applies)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            problem(codes.HF_CONFIG_FIELD, f"`{field}` must be a probability in [0, 1), found {_describe(value)}")
+        else:
+            generics[generic] = float(value)
 
 
 def _unsupported(config: dict[str, Any], eps: float) -> list[str]:

@@ -29,6 +29,8 @@ validated with its own message; the typed table reader they share is at the bott
 """
 from __future__ import annotations
 
+import math
+
 import difflib
 import re
 import tomllib
@@ -494,12 +496,14 @@ def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
     return ImageSpec(preprocessor=preprocessor, labels=labels)
 
 
-def _read_generics(table: "_Table") -> dict[str, int | str]:
-    generics = table.map("an integer or a dtype name", lambda v: _is_int(v) or isinstance(v, str))
+def _read_generics(table: "_Table") -> dict[str, int | float | str]:
+    # A float is the value of a Real generic (a dropout rate); the instantiation says which fit.
+    generics = table.map("a number or a dtype name",
+                         lambda v: _is_int(v) or isinstance(v, str) or (isinstance(v, float) and math.isfinite(v)))
     for name, value in list(generics.items()):
         if isinstance(value, str) and value not in dtypes.names():
             table.problem(codes.BAD_FIELD_VALUE,
-                          name, f"[generics].{name} must be an integer or a dtype name "
+                          name, f"[generics].{name} must be a number or a dtype name "
                                 f"({', '.join(dtypes.names(widest_first=True))}), found \"{value}\"")
             del generics[name]
     return generics
