@@ -18,6 +18,10 @@ from ..diagnostics import Diagnostic, LinnetError
 from .pysource import import_generated, py_name
 
 MODES = ("eager", "compile", "cudagraphs")
+#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend: all of them.
+OPTIMIZE = ("fuse_linears", "fold_attention_scale", "pack_tokens")
+#: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
+PACKING = True
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ("mode", "kernels")
 
