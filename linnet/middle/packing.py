@@ -291,7 +291,8 @@ class _Body:
         return ir.Call(fn_id, tuple(new_args) + extra, t, e.line, e.receiver), result
 
     def _attention(self, e: ir.Call, args):
-        padded = [self.to_padded(new, form, a.type, e.line) for a, (new, form) in zip(e.args, args)]
+        padded = [self.to_padded(new, form, a.type, e.line) if form.packed else (new, form)
+                  for a, (new, form) in zip(e.args, args)]
         if any(new is not old for (new, _), (old, _) in zip(padded, args)):
             self.changed = True
         forms = [f for _, f in padded]
