@@ -34,9 +34,10 @@ pass refuse the entry, and it says why in `Optimized.notes`.  Every kept positio
 included, is computed exactly as the padded program computes it, so outputs there agree with
 it within the rounding of a smaller GEMM; positions that are not kept read exactly 0.
 
-The pass needs one entry input `[B, S]` of integers (or bools) that the attention masks are
+The pass needs one entry input `[B, S]` of integers that the attention masks are
 proven to come from; it tries each such input and keeps the first that packs.  One module of
-its own: the analysis and the rewrite share the form of every value (~500 lines).
+its own, longer than most (~660 lines) because the analysis and the rewrite share the form of
+every value, and splitting them would pass that state between two modules.
 """
 from __future__ import annotations
 
