@@ -54,7 +54,7 @@ EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2
 
 #: Ops that move or reinterpret data without arithmetic; the bf16 CPU variant leaves them in bf16.
 _DATA_OPS = frozenset({"Cast", "Shape", "Reshape", "Transpose", "Gather", "Slice", "Squeeze", "Unsqueeze",
-                       "Concat", "Identity", "Range", "Pad", "NonZero"})
+                       "Concat", "Identity", "Range", "NonZero"})
 
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul", "less": "Less",
            "greater": "Greater", "equal": "Equal", "maximum": "Max", "minimum": "Min"}

@@ -632,17 +632,20 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
 def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask_type: ir.TensorType):
     """The free functions `kept_rows(keep)` and `kept_slots(keep)`, made once per program and mask."""
     line, B, S = fn.span.line, packer.B, packer.S
-    made = {(f.source, f.params[0][1], f.result): f.id for f in program.functions.values()
+    # One pair per mask and kept set (named by its Tokens dim), so entries that pack alike
+    # share them, and with them the work after (ONNX emits a call once per argument values).
+    made = {(f.source, f.params[0][1], f.generics.get("Tokens")): f.id for f in program.functions.values()
             if f.source in (_ROWS, _SLOTS)}
-    if (_ROWS, mask_type, packer.rows_type) in made:
-        return made[(_ROWS, mask_type, packer.rows_type)], made[(_SLOTS, mask_type, packer.slots_type)]
+    tokens = str(packer.tokens)
+    if (_ROWS, mask_type, tokens) in made:
+        return made[(_ROWS, mask_type, tokens)], made[(_SLOTS, mask_type, tokens)]
     keep = ir.Ref("keep", mask_type)
     i64 = ir.TensorType((B, S), "i64")
     rows_id = _fresh("kept_rows", program.functions)
     program.functions[rows_id] = ir.Function(
         rows_id, "kept_rows", _ROWS, None, [("keep", mask_type)],
         [ir.Return(ir.Op("pack_index", (keep,), packer.rows_type, line, (("dim", packer.tokens),)), line)],
-        packer.rows_type, fn.span, {}, {str(B): ("keep", 0), str(S): ("keep", 1)},
+        packer.rows_type, fn.span, {"Tokens": tokens}, {str(B): ("keep", 0), str(S): ("keep", 1)},
         ["the flat positions (b * S + s) of the kept tokens, in order: the packed rows"])
     flags = ir.Op("sub", (ir.Scalar(1.0, ir.TensorType((), "i64")),
                           ir.Op("cast", (ir.Op("equal", (keep, ir.Scalar(0.0, ir.TensorType((), mask_type.dtype))),
@@ -656,7 +659,7 @@ def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask
     slots_id = _fresh("kept_slots", program.functions)
     program.functions[slots_id] = ir.Function(
         slots_id, "kept_slots", _SLOTS, None, [("keep", mask_type)],
-        [ir.Let("flags", flags, line), ir.Return(slots, line)], packer.slots_type, fn.span, {},
+        [ir.Let("flags", flags, line), ir.Return(slots, line)], packer.slots_type, fn.span, {"Tokens": tokens},
         {str(B): ("keep", 0), str(S): ("keep", 1)},
         ["1 + the packed row of each kept position, 0 where a position is not kept"])
     return rows_id, slots_id
