@@ -50,7 +50,7 @@ def _np(x):
 
 @pytest.fixture(scope="module", params=["torch", "onnx"])
 def minilm_pair(request, minilm_checkpoint):
-    packed = nest.load("all-minilm-l6-v2", backend=request.param)
+    packed = nest.load("all-minilm-l6-v2", backend=request.param, packing=True)
     plain = nest.load("all-minilm-l6-v2", backend=request.param, packing=False)
     return packed, plain
 
@@ -141,8 +141,11 @@ def test_static_shape_backends_refuse_packing_and_run_padded():
 
     for backend in ("jax", "stablehlo"):
         assert "pack_tokens" not in nest.backend_passes(backend, integration(backend))
-    assert "pack_tokens" in nest.backend_passes("torch", integration("torch"))
+    # The defaults: on for ONNX, off for torch (measured no faster there), each can be changed.
+    assert "pack_tokens" in nest.backend_passes("onnx", integration("onnx"))
     assert "pack_tokens" not in nest.backend_passes("onnx", integration("onnx"), packing=False)
+    assert "pack_tokens" not in nest.backend_passes("torch", integration("torch"))
+    assert "pack_tokens" in nest.backend_passes("torch", integration("torch"), packing=True)
 
 
 # ------------------------------------------------------------- the decisions, on a small program
@@ -250,8 +253,8 @@ def test_the_small_program_computes_the_same_at_real_tokens(small, side):
 def test_linnet_build_shows_what_was_packed(tmp_path, capsys):
     from linnet.cli import main
 
-    assert main(["build", "all-minilm-l6-v2", "--optimize", "-o", str(tmp_path / "packed")]) == 0
-    assert main(["build", "all-minilm-l6-v2", "--optimize", "--no-packing", "-o", str(tmp_path / "padded")]) == 0
+    assert main(["build", "all-minilm-l6-v2", "--optimize", "--packing", "-o", str(tmp_path / "packed")]) == 0
+    assert main(["build", "all-minilm-l6-v2", "--optimize", "-o", str(tmp_path / "padded")]) == 0  # torch: off
     text = (tmp_path / "packed" / "model.py").read_text()
     # The entry computes the packing once and says so; the clones say what they hold.
     assert ("# packing (linnet.middle.packing): per-token work runs on the Tokens positions where "

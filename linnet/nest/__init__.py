@@ -451,9 +451,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     attention scale folded into the query weights when that is exact, padding-free execution);
     False runs the program exactly as written.
     packing: padding-free execution (`linnet.middle.packing`): per-token work runs on the real
-    tokens of the batch only, as proven exact.  None (default) packs on the backends that can
-    (torch and ONNX, where the entry has an attention mask it can prove the padding from);
-    False keeps the padded program; True asks for it (refused by JAX and StableHLO).
+    tokens of the batch only, as proven exact.  None (default): the backend's choice, on for
+    ONNX (where the entry has an attention mask it can prove the padding from), off for torch
+    (measured no faster there yet); False keeps the padded program; True asks for it (torch,
+    ONNX; refused by JAX and StableHLO).
     Outputs at real tokens equal the padded program's within 1e-5; padded positions of a
     per-token output hold 0 (docs/backends.md, "Padding-free execution").
     """
