@@ -239,6 +239,15 @@ _RECORDS = [
     # What lowering makes of operators (`a + b`, `-x`) and of indexing (`x[:, 0]`).
     *(OpDef(name) for name in ("add", "sub", "mul", "div", "neg")),
     OpDef("index", (("items", INDEX_ITEMS),)),
+    # What the packing pass (`linnet.middle.packing`) makes; no program calls them by name.
+    # `pack_index(keep: [B, S; int])` -> `[Tokens; i64]`: the row-major flat positions where keep
+    # is nonzero (`dim` names the count, a dim only the run time knows).  `pack_rows(x, rows)`
+    # gathers those positions of `x: [*P, B, S, *R]` (B at `axis`) into `[*P, Tokens, *R]`;
+    # `unpack_rows(x, slots)` puts them back: `slots: [B, S; i64]` holds 1 + the packed row of
+    # each kept position and 0 elsewhere, and the positions not kept read 0.
+    OpDef("pack_index", (("dim", DIM),)),
+    OpDef("pack_rows", _AXIS),
+    OpDef("unpack_rows", _AXIS),
 ]
 
 #: Every op of the lowered program, by name.

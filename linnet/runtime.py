@@ -39,22 +39,29 @@ def index_bounds(program: ir.Program, entry: ir.Entry) -> dict[str, IndexBound]:
 
     # `origin`: function param -> the entry input it carries; `tables`: function param -> the
     # block param it carries, so a message names `word_embeddings`, not std's `table`.
+    def carried(a) -> str | None:
+        """The local `a` reads, seen through the gather of packed rows (`linnet.middle.packing`)."""
+        while isinstance(a, ir.Op) and a.op == "pack_rows":
+            a = a.args[0]
+        return a.name if isinstance(a, ir.Ref) else None
+
     def scan_expr(expr, fn: ir.Function, origin: dict[str, str], tables: dict[str, str]) -> None:
         if isinstance(expr, ir.Op):
-            if expr.op == "take" and isinstance(expr.args[1], ir.Ref) and expr.args[1].name in origin:
+            ids = carried(expr.args[1]) if expr.op == "take" else None
+            if ids in origin:
                 table = expr.args[0]
                 rows = table.type.dims[0].as_int()
                 if rows is not None:
                     name = _table_name(table, tables)
-                    current = bounds.get(origin[expr.args[1].name])
+                    current = bounds.get(origin[ids])
                     if current is None or rows < current.rows:
-                        bounds[origin[expr.args[1].name]] = IndexBound(rows, name)
+                        bounds[origin[ids]] = IndexBound(rows, name)
             for a in expr.args:
                 scan_expr(a, fn, origin, tables)
         elif isinstance(expr, ir.Call):
             callee = program.functions[expr.function]
-            mapping = {p: origin[a.name] for (p, _), a in zip(callee.params, expr.args)
-                       if isinstance(a, ir.Ref) and a.name in origin}
+            mapping = {p: origin[carried(a)] for (p, _), a in zip(callee.params, expr.args)
+                       if carried(a) in origin}
             passed = {p: _table_name(a, tables) for (p, _), a in zip(callee.params, expr.args)
                       if isinstance(a, ir.ParamRef) or (isinstance(a, ir.Ref) and a.name in tables)}
             for a in expr.args:

@@ -123,9 +123,10 @@ def test_inputs_outputs_and_dims(minilm_graph):
 
 
 def test_token_ids_stay_int32(minilm_graph):
-    # The inputs feed Gather (int32 indices are legal) and Shape, never a Cast to int64.
+    # The inputs feed Gather (int32 indices are legal), Shape, and the Reshape to [B * S] that
+    # packing gathers the real tokens from; never a Cast to int64.
     readers = {n.op_type for n in minilm_graph.graph.node for i in n.input if i in ("tokens", "token_types")}
-    assert readers == {"Gather", "Shape"}
+    assert "Shape" in readers and readers <= {"Gather", "Shape", "Reshape"}
 
 
 def test_metadata_records_preconditions_and_source(minilm_graph):
@@ -141,17 +142,20 @@ def test_metadata_records_preconditions_and_source(minilm_graph):
 def test_nodes_point_back_to_the_source(minilm_graph):
     nodes = minilm_graph.graph.node
     assert all(n.name and n.doc_string for n in nodes)
-    query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward/MatMul")]
-    assert len(query) == 1 and " at std/nn/linear.linnet:" in query[0].doc_string
+    # Packed (linnet.middle.packing): one encoder for forward, hidden_states and embed, one for
+    # pool, whose kept tokens include position 0.
+    query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward_packed/MatMul")]
+    assert len(query) == 2 and all(" at std/nn/linear.linnet:" in n.doc_string for n in query)
     assert any(" at nest/bert-base-uncased/src/lib.linnet:" in n.doc_string for n in nodes)
 
 
 def test_fused_forms_and_shared_encoder(minilm_graph):
     ops = [n.op_type for n in minilm_graph.graph.node]
-    # 1 embedding norm + 2 per layer: the encoder is emitted once although both entries use it.
-    assert ops.count("LayerNormalization") == 13
-    assert ops.count("Softmax") == 6 and ops.count("Erf") == 6
-    assert ops.count("MatMul") == 6 * 6 + 6 * 2 + 1  # q, k, v, out, up, down; two in attention; pooler
+    # 1 embedding norm + 2 per layer: the encoder is emitted once for forward, hidden_states and
+    # embed, which share their packing, and once for pool, which keeps position 0 too.
+    assert ops.count("LayerNormalization") == 2 * 13
+    assert ops.count("Softmax") == 2 * 6 and ops.count("Erf") == 2 * 6
+    assert ops.count("MatMul") == 2 * (6 * 6 + 6 * 2) + 1  # q, k, v, out, up, down; two in attention; pooler
     assert "Gemm" not in ops
 
 
@@ -286,8 +290,11 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     from linnet.backends import onnx_graph as emitter
     from linnet.backends.onnx_runtime import build
 
+    from linnet.backends import integration
+
     monkeypatch.setattr(emitter, "EXTERNAL_DATA_BYTES", 1024)  # pretend MiniLM is past 2 GiB
-    ctx, _ = nest.prepare("all-minilm-l6-v2")
+    # The passes nest.load runs (packing among them), so the built graph is the loaded one.
+    ctx, _ = nest.prepare("all-minilm-l6-v2", optimize=nest.backend_passes("onnx", integration("onnx")))
     paths = build(ctx, tmp_path)
     assert [p.name for p in paths] == ["model.onnx", "model.onnx.data"]
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size

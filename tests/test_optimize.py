@@ -101,7 +101,8 @@ def _torch_model(program: ir.Program, params: dict):
 @pytest.mark.parametrize("batch,seq", [(1, 1), (2, 7), (1, 128)])
 def test_optimised_torch_program_is_bit_identical(bert_program, batch, seq):
     torch = pytest.importorskip("torch")
-    out = optimize(bert_program)
+    # The weight-level passes; packing changes the GEMM sizes (held to 1e-5 in test_packing.py).
+    out = optimize(bert_program, passes=("fuse_linears", "fold_attention_scale"))
     params = _random_params(bert_program, seed=1)
     plain, fused = _torch_model(bert_program, params), _torch_model(out.program, bind_params(out, params))
     rng = np.random.default_rng(seq)
@@ -118,7 +119,8 @@ def test_optimised_torch_program_is_bit_identical(bert_program, batch, seq):
 
 
 def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):
-    optimised = nest.load("all-minilm-l6-v2", backend="torch")
+    # Without packing, whose smaller GEMMs round differently (within 1e-5: test_packing.py).
+    optimised = nest.load("all-minilm-l6-v2", backend="torch", packing=False)
     plain = nest.load("all-minilm-l6-v2", backend="torch", optimize=False)
     assert "query_key_value" in optimised.info.generated.read_text()
     assert "query_key_value" not in plain.info.generated.read_text()
@@ -126,5 +128,5 @@ def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):
     assert (optimised(tokens) - plain(tokens)).abs().max().item() == 0.0
     assert (optimised.embed(tokens) - plain.embed(tokens)).abs().max().item() == 0.0
     # The second load reads the compiled program and the fused weights from the cache.
-    again = nest.load("all-minilm-l6-v2", backend="torch")
+    again = nest.load("all-minilm-l6-v2", backend="torch", packing=False)
     assert (again(tokens) - optimised(tokens)).abs().max().item() == 0.0

@@ -26,6 +26,9 @@ from .pysource import import_generated
 
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ()
+#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `pack_tokens`:
+#: the packed token count is known only at run time, and jax.jit needs static shapes.
+OPTIMIZE = ("fuse_linears", "fold_attention_scale")
 
 _GPU_NAMES = ("gpu", "cuda")
 

@@ -169,6 +169,26 @@ def _emit_index(w, e: ir.Op, scope: Scope):
     return f"{first_atom(w, e, scope)}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
 
 
+EMISSIONS.refuse("pack_index", "its result's length depends on the data, and jax.jit needs static shapes "
+                 "(packing for JAX would bucket the token count; not built yet)")
+
+
+@EMISSIONS.register("pack_rows")
+def _emit_pack_rows(w, e: ir.Op, scope: Scope):
+    x, rows = arg_texts(w, e, scope)
+    axis = e.attr("axis")
+    return f"jnp.take(lax.collapse({x}, {axis}, {axis + 2}), {rows}, axis={axis})", ATOM
+
+
+@EMISSIONS.register("unpack_rows")
+def _emit_unpack_rows(w, e: ir.Op, scope: Scope):
+    # A zero row in front of the packed rows, then every slot reads its row (0: that zero row).
+    x, slots = arg_texts(w, e, scope)
+    axis, rank = e.attr("axis"), e.args[0].type.rank
+    widths = ", ".join(["(0, 0)"] * axis + ["(1, 0)"] + ["(0, 0)"] * (rank - axis - 1))
+    return f"jnp.take(jnp.pad({x}, ({widths},)), {slots}, axis={axis})", ATOM
+
+
 class JaxEmitter(PyWriter):
     FUSED = FUSED
     receiver = PARAMS

@@ -54,7 +54,7 @@ EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2
 
 #: Ops that move or reinterpret data without arithmetic; the bf16 CPU variant leaves them in bf16.
 _DATA_OPS = frozenset({"Cast", "Shape", "Reshape", "Transpose", "Gather", "Slice", "Squeeze", "Unsqueeze",
-                       "Concat", "Identity", "Range"})
+                       "Concat", "Identity", "Range", "NonZero"})
 
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul", "less": "Less",
            "greater": "Greater", "equal": "Equal", "maximum": "Max", "minimum": "Min"}
@@ -579,6 +579,34 @@ def _emit_cast(site: _Site, e: ir.Op, args: list[str]) -> str:
 @EMISSIONS.register("index")
 def _emit_index(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.em._index(e, args[0], site.frame, site.scope, site.doc)
+
+
+@EMISSIONS.register("pack_index")
+def _emit_pack_index(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """NonZero over the flattened keep mask: [1, Tokens] int64 positions, squeezed to [Tokens]."""
+    flat = site.em.node("Reshape", [args[0], site.em.constant([-1], "i64", (1,))], elem_type(e.args[0].type.dtype),
+                        scope=site.scope, doc=site.doc)
+    return site.node("Squeeze", [site.node("NonZero", [flat]), site.em.constant([0], "i64", (1,))])
+
+
+@EMISSIONS.register("pack_rows")
+def _emit_pack_rows(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """B and S merged into one axis (Reshape), then a Gather of the kept rows along it."""
+    axis, dims = e.attr("axis"), e.args[0].type.dims
+    merged = dims[:axis] + (dims[axis] * dims[axis + 1],) + dims[axis + 2:]
+    flat = site.node("Reshape", [args[0], site.em.shape(merged)])
+    return site.node("Gather", [flat, args[1]], axis=axis)
+
+
+@EMISSIONS.register("unpack_rows")
+def _emit_unpack_rows(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """A zero row in front of the packed rows (Pad), then a Gather by the [B, S] slots: each slot
+    reads its row, and the positions that were not kept read the zero row."""
+    axis, rank = e.attr("axis"), e.args[0].type.rank
+    pads = [0] * (2 * rank)
+    pads[axis] = 1
+    padded = site.node("Pad", [args[0], site.em.constant(pads, "i64", (2 * rank,))])
+    return site.node("Gather", [padded, args[1]], axis=axis)
 
 
 # ----------------------------------------------------------------- fused forms

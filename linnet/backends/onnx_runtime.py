@@ -28,7 +28,9 @@ BUILD_NEEDS_WEIGHTS = True
 #: faster than three [768, 768] ones (bit-identical, within run-to-run noise on bert-base,
 #: 2-core CPU), so the graph keeps one node per checkpoint matrix
 #: (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
-OPTIMIZE = ("fold_attention_scale",)
+OPTIMIZE = ("fold_attention_scale", "pack_tokens")
+#: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
+PACKING = True
 
 #: Providers tried by default, best first.  TensorRT is not among them: with dynamic B and S
 #: it builds an engine per new shape profile (minutes); name it in providers= to use it.

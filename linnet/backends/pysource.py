@@ -357,6 +357,7 @@ class PyWriter:
         where = comment_text(f"{source_label(fn.span.file)}:{fn.span.line}")
         lines = [f"def {PLACEHOLDER}({signature}):",
                  f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]
+        lines += [f"    # {comment_text(note)}" for note in fn.notes]
         template = self.FUSED.get(fn.source) if self.fused else None
         if template is not None:
             args = [py_name(name) if t is not None else "None" for name, t in fn.params]

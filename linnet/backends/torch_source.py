@@ -163,6 +163,31 @@ def _emit_index(w, e: ir.Op, scope: Scope):
     return f"{first_atom(w, e, scope)}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
 
 
+@EMISSIONS.register("pack_index")
+def _emit_pack_index(w, e: ir.Op, scope: Scope):
+    # The flat positions of the kept tokens, in row-major order (int64).
+    return f"torch.nonzero({first_atom(w, e, scope)}.reshape(-1)).squeeze(1)", ATOM
+
+
+@EMISSIONS.register("pack_rows")
+def _emit_pack_rows(w, e: ir.Op, scope: Scope):
+    x, rows = arg_texts(w, e, scope)
+    axis = e.attr("axis")
+    return f"{first_atom(w, e, scope)}.flatten({axis}, {axis + 1}).index_select({axis}, {rows})", ATOM
+
+
+@EMISSIONS.register("unpack_rows")
+def _emit_unpack_rows(w, e: ir.Op, scope: Scope):
+    # A zero row in front of the packed rows, then every slot reads its row (0: that zero row).
+    x, slots = arg_texts(w, e, scope)
+    axis, rank = e.attr("axis"), e.args[0].type.rank
+    pad = ", ".join(["0, 0"] * (rank - axis - 1) + ["1, 0"])
+    padded = f"F.pad({x}, ({pad}))"
+    if axis == 0:
+        return f"{padded}[{w._arg(e.args[1], scope, ATOM)}]", ATOM
+    return f"{padded}.index_select({axis}, {slots}.reshape(-1)).unflatten({axis}, {slots}.shape)", ATOM
+
+
 class TorchEmitter(PyWriter):
     FUSED = FUSED
     fused_note = "fused kernel for"

@@ -116,15 +116,17 @@ def cmd_build(args, parser) -> int:
 
     from ..backends import integration
     from .targets import locate
-    from ..nest import prepare
+    from ..nest import backend_passes, prepare
 
     target = locate(args.path)
     if target.kind != "entry":
         parser.error("build needs a zoo entry (a folder with nest.toml, or its name)")
     module = integration(args.backend)
+    # --optimize: the passes `nest.load` runs for this backend (packing included where it can).
+    passes = backend_passes(args.backend, module, packing=args.packing) if args.optimize else ()
     ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, revision=args.revision,
                      need_weights=getattr(module, "BUILD_NEEDS_WEIGHTS", False),
-                     overrides=_parse_set(args.set or [], parser))
+                     overrides=_parse_set(args.set or [], parser), optimize=passes)
     started = time.perf_counter()
     for path in module.build(ctx, Path(args.output)):
         print(f"wrote {path}")
@@ -225,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     build.add_argument("--revision", help="another revision of the weights repo")
     build.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a generic")
+    build.add_argument("--optimize", action="store_true",
+                       help="run the optimisation passes nest.load runs for the backend (fused Q/K/V, packing)")
+    build.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --optimize: padding-free execution on or off (default: the backend's choice)")
     build.set_defaults(handler=cmd_build)
     triton = sub.add_parser("export-triton", help="write a Triton model repository for a zoo entry")
     triton.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")

@@ -177,6 +177,8 @@ class Function:
     generics: dict[str, object]  # the instantiation, for comments: {"D": 768, "T": "f32"}
     # Where each symbolic dim used in the body is read at run time: dim -> (param, axis).
     dim_sources: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: What an optimisation pass did to this function, for the generated code's comments.
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -273,6 +275,17 @@ def bound_names(stmts) -> set[str]:
     return names
 
 
+def _introduced_dims(stmts) -> set[str]:
+    """Dims a function makes itself: the count a `pack_index` op finds at run time."""
+    dims: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            dims |= _introduced_dims(stmt.body)
+        elif isinstance(stmt.value, Op) and stmt.value.op == "pack_index":
+            dims |= stmt.value.attr("dim").free_symbols()
+    return dims
+
+
 def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> None:
     defined = {name for name, _ in fn.params}
 
@@ -338,6 +351,9 @@ def verify(program: Program) -> None:
         if missing:
             raise InternalError(f"entry {entry.name}: no input gives dims {sorted(missing)}")
     entry_dims = {d for e in program.entries.values() for d in e.dims}
+    # A count `pack_index` finds at run time (the packed tokens) may appear in the types of the
+    # functions that make and pass it on; it is read from the packed rows where it is used.
+    entry_dims |= {d for fn in program.functions.values() for d in _introduced_dims(fn.body)}
     for fn in program.functions.values():
         # A function may also use dims of its own that it reads from its inputs (lowering
         # makes them for a product of the caller's dims, such as `B * C`).

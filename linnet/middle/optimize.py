@@ -39,9 +39,10 @@ from . import ir
 from ..arrays import framework_of
 from ..dims import const
 from ..kernels import ATTENTION, ATTENTION_DROPOUT, LINEAR
+from .packing import pack_tokens
 
 #: Passes `optimize` runs by default, in order.
-PASSES = ("fuse_linears", "fold_attention_scale")
+PASSES = ("fuse_linears", "fold_attention_scale", "pack_tokens")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Optimized:
     program: ir.Program
     plan: dict[str, ParamTransform] = field(default_factory=dict)  # target path -> transform
     applied: list[str] = field(default_factory=list)
+    #: What a pass considered and did not do, and why (an entry the packing pass refused).
+    notes: list[str] = field(default_factory=list)
 
     def source_params(self, original: ir.Program) -> dict[str, str]:
         """Every param of the optimised program -> the original params it is made from."""
@@ -76,7 +79,8 @@ def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bo
     change rounding (a scale fold that is not a power of two)."""
     out = Optimized(copy.deepcopy(program))
     for name in passes:
-        {"fuse_linears": _fuse_linears, "fold_attention_scale": _fold_attention_scale}[name](out, exact)
+        {"fuse_linears": _fuse_linears, "fold_attention_scale": _fold_attention_scale,
+         "pack_tokens": pack_tokens}[name](out, exact)
     ir.verify(out.program)
     return out
 

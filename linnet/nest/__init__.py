@@ -448,9 +448,29 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
     return digest.hexdigest()[:24]
 
 
+def backend_passes(backend: str, module, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
+    """The optimisation passes `nest.load` runs for a backend: the ones its integration module
+    names (`OPTIMIZE`, every pass when it names none), with `pack_tokens` added or removed by
+    `packing` (None: the backend's default).  A backend that cannot run a packed program
+    (JAX and StableHLO need static shapes) refuses `packing=True` (E0807)."""
+    from ..middle.optimize import PASSES
+
+    passes = tuple(getattr(module, "OPTIMIZE", PASSES)) if optimize else ()
+    if packing is False:
+        return tuple(p for p in passes if p != "pack_tokens")
+    if packing is True and "pack_tokens" not in passes:
+        if not getattr(module, "PACKING", False):
+            raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                         f"backend {backend!r} cannot run a packed program (packing=True): "
+                                         "its shapes are static, and bucketing the token count is not built yet"))
+        passes += ("pack_tokens",)
+    return passes
+
+
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
          revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
-         providers: list | None = None, kernels: str | None = None, optimize: bool = True) -> Model:
+         providers: list | None = None, kernels: str | None = None, optimize: bool = True,
+         packing: bool | None = None) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
     "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
@@ -465,8 +485,15 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     runs it through oneDNN with a packed weight where that is faster and exact (within 1e-5);
     "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
-    attention scale folded into the query weights when that is exact); False runs the
-    program exactly as written.
+    attention scale folded into the query weights when that is exact, padding-free execution);
+    False runs the program exactly as written.
+    packing: padding-free execution (`linnet.middle.packing`): per-token work runs on the real
+    tokens of the batch only, as proven exact.  None (default): the backend's choice, on for
+    ONNX (where the entry has an attention mask it can prove the padding from), off for torch
+    (measured no faster there yet); False keeps the padded program; True asks for it (torch,
+    ONNX; refused by JAX and StableHLO).
+    Outputs at real tokens equal the padded program's within 1e-5; padded positions of a
+    per-token output hold 0 (docs/backends.md, "Padding-free execution").
     """
     started = time.perf_counter()
     module = integration(backend)
@@ -474,7 +501,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     manifest, revision = _manifest(name_or_path, revision, weights)
     # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
     # module; every pass when it does not say).
-    passes = getattr(module, "OPTIMIZE", True) if optimize else False
+    passes = backend_passes(backend, module, optimize, packing)
     ctx, info = prepare(manifest, dtype=dtype, revision=revision, weights=weights, optimize=passes)
     runtime = module.open_runtime(ctx, device=device, **options)
     info.generated = getattr(runtime, "generated", None)

@@ -1,0 +1,265 @@
+"""Padding-free execution (linnet/middle/packing.py): what the pass proves and refuses, and that a
+packed model computes the padded model's numbers at every real token.
+
+MiniLM with its real weights runs packed and unpacked on torch and ONNX, against transformers,
+on batches whose rows have very different lengths (1 token, a few, the full width), padded on
+the right and on the left, for every entry (forward, hidden_states, pool, embed).  JAX and
+StableHLO need static shapes, so they refuse `packing=True` and run the padded program.  A
+small Linnet program of our own checks the decisions: attention behind a key-padding mask is
+packed across; a cumsum or an unmasked mean over the tokens is not.
+"""
+from __future__ import annotations
+
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+from linnet import LinnetError, nest
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
+from linnet.middle import ir
+from linnet.middle.instantiate import instantiate
+from linnet.middle.lower import lower
+from linnet.middle.optimize import optimize
+
+LENGTHS = [1, 9, 40, 23, 1]  # a row of one token, and the row of 40 has no padding
+TOL = 1e-5
+
+
+def _batch(side: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    width = max(LENGTHS)
+    tokens = np.zeros((len(LENGTHS), width), np.int32)
+    kinds, mask = np.zeros_like(tokens), np.zeros_like(tokens)
+    for row, n in enumerate(LENGTHS):
+        cols = slice(0, n) if side == "right" else slice(width - n, width)
+        tokens[row, cols] = rng.integers(1000, 30000, n)
+        kinds[row, cols] = rng.integers(0, 2, n)
+        mask[row, cols] = 1
+    return tokens, kinds, mask
+
+
+def _np(x):
+    return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+# ---------------------------------------------------------------- MiniLM, real weights
+
+
+@pytest.fixture(scope="module", params=["torch", "onnx"])
+def minilm_pair(request, minilm_checkpoint):
+    packed = nest.load("all-minilm-l6-v2", backend=request.param, packing=True)
+    plain = nest.load("all-minilm-l6-v2", backend=request.param, packing=False)
+    return packed, plain
+
+
+@pytest.fixture(scope="module")
+def reference(transformers_minilm):
+    """transformers' outputs for both paddings: hidden states (every layer) and the pooler."""
+    import torch
+
+    out = {}
+    for side in ("right", "left"):
+        tokens, kinds, mask = _batch(side)
+        positions = np.maximum(np.cumsum(mask, 1) - 1, 0)  # ours count real tokens only
+        with torch.no_grad():
+            res = transformers_minilm(input_ids=torch.from_numpy(tokens).long(),
+                                      token_type_ids=torch.from_numpy(kinds).long(),
+                                      attention_mask=torch.from_numpy(mask).long(),
+                                      position_ids=torch.from_numpy(positions).long(), output_hidden_states=True)
+        out[side] = (np.stack([h.numpy() for h in res.hidden_states], 1), res.pooler_output.numpy())
+    return out
+
+
+def test_the_program_is_packed_where_it_should_be(minilm_pair):
+    packed, plain = minilm_pair
+    if packed.backend == "torch":
+        text = packed.info.generated.read_text()
+        assert "packing (linnet.middle.packing)" in text and "def forward_packed" in text
+        assert "packing" not in plain.info.generated.read_text()
+    if packed.backend == "onnx":
+        import onnx
+
+        graph = onnx.load(str(packed.info.generated), load_external_data=False).graph
+        assert {"NonZero", "Gather", "Pad"} <= {n.op_type for n in graph.node}
+        # The packed rows' count is the NonZero's length, known only at run time.
+        assert any(n.op_type == "NonZero" and n.name.startswith("kept_rows") for n in graph.node)
+    ops = {op.op for fn in packed.program.functions.values() for op in _ops(fn.body)}
+    assert {"pack_index", "pack_rows", "unpack_rows"} <= ops
+    assert not {"pack_index", "pack_rows"} & {op.op for fn in plain.program.functions.values() for op in _ops(fn.body)}
+
+
+def _ops(stmts):
+    from linnet.middle.optimize import _stmt_exprs
+
+    return [e for e in _stmt_exprs(stmts) if isinstance(e, ir.Op)]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_packed_equals_padded_and_transformers_at_real_tokens(minilm_pair, reference, side):
+    packed, plain = minilm_pair
+    tokens, kinds, mask = _batch(side)
+    real = mask.astype(bool)
+    states, pooled_ref = reference[side]
+    worst = {}
+
+    hidden = _np(packed(tokens, kinds, attention_mask=mask))
+    worst["forward vs padded"] = np.abs(hidden - _np(plain(tokens, kinds, attention_mask=mask)))[real].max()
+    worst["forward vs transformers"] = np.abs(hidden - states[:, -1])[real].max()
+    assert np.all(hidden[~real] == 0.0), "padded positions of a packed forward hold exactly 0"
+
+    every = _np(packed.hidden_states(tokens, kinds, attention_mask=mask))  # [B, L + 1, S, D]
+    at_real = lambda a: a.transpose(0, 2, 1, 3)[real]  # noqa: E731  [tokens, L + 1, D]
+    worst["hidden_states vs padded"] = np.abs(
+        at_real(every) - at_real(_np(plain.hidden_states(tokens, kinds, attention_mask=mask)))).max()
+    worst["hidden_states vs transformers"] = np.abs(at_real(every) - at_real(states)).max()
+
+    pooled = _np(packed.pool(tokens, kinds, attention_mask=mask))
+    # Position 0 is padding in left-padded rows: the pass keeps it, so pool equals the padded
+    # program there too (transformers pools a padded position as well, with its own position id).
+    worst["pool vs padded"] = np.abs(pooled - _np(plain.pool(tokens, kinds, attention_mask=mask))).max()
+    if side == "right":
+        worst["pool vs transformers"] = np.abs(pooled - pooled_ref).max()
+
+    embedded = _np(packed.embed(tokens, kinds, attention_mask=mask))
+    weights = mask[..., None].astype(np.float64)
+    mean = (states[:, -1] * weights).sum(1) / weights.sum(1)
+    worst["embed vs padded"] = np.abs(embedded - _np(plain.embed(tokens, kinds, attention_mask=mask))).max()
+    worst["embed vs transformers"] = np.abs(embedded - mean / np.linalg.norm(mean, axis=1, keepdims=True)).max()
+    print(f"packed minilm {packed.backend} {side}-padded, max |d|: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
+    assert max(worst.values()) <= TOL, worst
+
+
+def test_static_shape_backends_refuse_packing_and_run_padded():
+    for backend in ("jax", "stablehlo"):
+        with pytest.raises(LinnetError) as caught:
+            nest.load("all-minilm-l6-v2", backend=backend, packing=True)
+        assert caught.value.diagnostics[0].code == "E0807" and "static" in str(caught.value)
+    from linnet.backends import integration
+
+    for backend in ("jax", "stablehlo"):
+        assert "pack_tokens" not in nest.backend_passes(backend, integration(backend))
+    # The defaults: on for ONNX, off for torch (measured no faster there), each can be changed.
+    assert "pack_tokens" in nest.backend_passes("onnx", integration("onnx"))
+    assert "pack_tokens" not in nest.backend_passes("onnx", integration("onnx"), packing=False)
+    assert "pack_tokens" not in nest.backend_passes("torch", integration("torch"))
+    assert "pack_tokens" in nest.backend_passes("torch", integration("torch"), packing=True)
+
+
+# ------------------------------------------------------------- the decisions, on a small program
+
+SOURCE = """\
+// A one-layer encoder over embedded ids, with the mask made from the input the way BERT does,
+// and entries that mix the tokens in other ways than attention.
+module packs
+
+use std.nn.attention::{attention}
+use std.nn.linear::{Linear}
+
+pub block Model<V: Dim, D: Dim, T: Float = f32> {
+    param table: Tensor[V, D; T]
+    sub up: Linear<D, D, T>
+    sub down: Linear<D, D, T>
+
+    fn masked<B: Dim, S: Dim>(mask: Tensor[B, S; i32]) -> Tensor[B, 1, S; T] {
+        return reshape(cast<T>(select(equal(mask, 0), -10000.0, 0.0)), [B, 1, S])
+    }
+
+    // Attention behind a key-padding mask: packed across.
+    pub entry mixed<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        let h = up.forward(take(table, ids))
+        return down.forward(h + attention(h, h, h, 0.5, some(masked(mask))))
+    }
+
+    // A running sum over the tokens reads padded positions: not packed.
+    pub entry running<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        return down.forward(cumsum(up.forward(take(table, ids)), 1))
+    }
+
+    // A mean over every position, padding included: not packed.
+    pub entry averaged<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, 1, D; T] {
+        return mean(up.forward(take(table, ids)), 1)
+    }
+
+    // Attention without a mask attends to padding: not packed.
+    pub entry unmasked<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        let h = up.forward(take(table, ids))
+        return attention(h, h, h, 0.5, none)
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packs") / "packs.linnet"
+    path.write_text(textwrap.dedent(SOURCE), encoding="utf-8")
+    compiled = compile_target(locate(path))
+    return lower(instantiate(compiled.checked, "Model", {"V": 50, "D": 8}))
+
+
+def test_the_pass_packs_across_attention_and_refuses_other_token_mixing(small):
+    out = optimize(small, passes=("pack_tokens",))
+    applied, notes = "\n".join(out.applied), "\n".join(out.notes)
+    assert "mixed: per-token work runs on the kept tokens (mask != 0)" in applied
+    for entry in ("running", "averaged", "unmasked"):
+        assert entry + ":" not in applied
+    assert "running: not packed" in notes and "`cumsum` mixes token positions" in notes
+    assert "averaged: not packed" in notes and "`mean` mixes token positions" in notes
+    assert "unmasked: not packed" in notes and "its mask is not proven" in notes
+    # Refused entries still run their padded program.
+    assert out.program.entries["running"].function == small.entries["running"].function
+
+
+def _torch(program: ir.Program, seed: int = 0):
+    import torch
+
+    from linnet.backends.pysource import py_name
+    from linnet.backends.torch_runtime import torch_param_name
+    from linnet.backends.torch_source import emit
+
+    module = types.ModuleType("linnet_test_packing_model")
+    exec(compile(emit(program), "<generated>", "exec"), module.__dict__)
+    rng = np.random.default_rng(seed)
+    state = {torch_param_name(p): torch.from_numpy(rng.standard_normal(tuple(d.as_int() for d in t.dims))
+                                                   .astype(np.float32)) for p, t in program.param_paths()}
+    with torch.device("meta"):
+        model = getattr(module, py_name(program.root))()
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_small_program_computes_the_same_at_real_tokens(small, side):
+    import torch
+
+    out = optimize(small, passes=("pack_tokens",))
+    packed, plain = _torch(out.program), _torch(small)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 50, (4, 7)).astype(np.int32)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate([1, 7, 3, 5]):
+        mask[row, slice(0, n) if side == "right" else slice(7 - n, 7)] = 1
+    with torch.inference_mode():
+        a = packed.mixed(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        b = plain.mixed(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    real = mask.astype(bool)
+    assert np.abs(a - b)[real].max() <= TOL
+    assert np.all(a[~real] == 0.0)
+
+
+def test_linnet_build_shows_what_was_packed(tmp_path, capsys):
+    from linnet.cli import main
+
+    assert main(["build", "all-minilm-l6-v2", "--optimize", "--packing", "-o", str(tmp_path / "packed")]) == 0
+    assert main(["build", "all-minilm-l6-v2", "--optimize", "-o", str(tmp_path / "padded")]) == 0  # torch: off
+    text = (tmp_path / "packed" / "model.py").read_text()
+    # The entry computes the packing once and says so; the clones say what they hold.
+    assert ("# packing (linnet.middle.packing): per-token work runs on the Tokens positions where "
+            "attention_mask != 0, as [Tokens, ...]; attention sees [B, S, ...] (unpacked per call)") in text
+    assert "# positions that are not kept hold exactly 0 in the result" in text
+    assert "def forward_packed(self, x, mask, token_rows, token_slots):" in text
+    assert "torch.nonzero(keep.reshape(-1)).squeeze(1)" in text
+    assert "packing" not in (tmp_path / "padded" / "model.py").read_text()
