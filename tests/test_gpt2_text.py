@@ -193,15 +193,17 @@ def test_generate_stops_at_the_declared_end_of_text_by_default(tiny_text, tmp_pa
 
 
 def test_a_bad_end_of_text_or_padding_side_in_nest_toml_is_a_named_error(tmp_path):
-    cases = [("[generate]\neos_token_id = 600\n", "eos_token_id must be a token id (0 <= id < Vocab = 600)"),
-             ("[generate]\neos_token_id = \"<|endoftext|>\"\n", "[generate].eos_token_id must be an integer"),
-             ("[generate]\neos = 1\n", "unknown field `eos`"),
-             ('[tokenizer]\nfiles = ["tokenizer.json"]\npadding_side = "top"\n', "padding_side must be")]
-    for n, (tables, says) in enumerate(cases):
+    cases = [("[generate]\neos_token_id = 600\n", "E0912", "eos_token_id must be a token id (0 <= id < Vocab = 600)"),
+             ("[generate]\neos_token_id = -1\n", "E0912", "found -1"),
+             ("[generate]\neos_token_id = \"<|endoftext|>\"\n", "E0905", "[generate].eos_token_id must be an integer"),
+             ("[generate]\neos = 1\n", "E0906", "unknown field `eos`"),
+             ('[tokenizer]\nfiles = ["tokenizer.json"]\npadding_side = "top"\n', "E0912", "padding_side must be")]
+    for n, (tables, code, says) in enumerate(cases):
         entry = write_tiny_entry(tmp_path / str(n), dict(vocab_size=BPE_VOCAB), extra=tables)
         with pytest.raises(LinnetError) as caught:
             load_manifest(entry)
-        assert says in caught.value.render(), caught.value.render()
+        rendered = caught.value.render()
+        assert f"error[{code}]" in rendered and says in rendered, rendered
 
 
 # ------------------------------------------------------------------------------ linnet run
