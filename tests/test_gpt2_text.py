@@ -229,6 +229,17 @@ def test_linnet_run_prints_transformers_greedy_continuation(tiny_text, bpe_folde
     assert all(len(c) > 0 for c in expected)
 
 
+def test_no_new_tokens_prints_empty_continuations_and_the_decoder_entries_agree(tiny_text, capsys):
+    from linnet.cli import run as run_command
+    from linnet.nest import generate
+
+    assert run_command.DECODER_ENTRIES == generate.DECODER_ENTRIES
+    entry, weights, _ = tiny_text
+    assert main(["run", str(entry), "Return", "A list of", "--weights", str(weights), "--max-new-tokens", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert _continuations(lines[1:]) == {"Return": "", "A list of": ""}
+
+
 def _continuations(lines: list[str]) -> dict[str, str]:
     """`'prompt' ->` followed by the continuation's lines, each indented by two spaces."""
     import ast

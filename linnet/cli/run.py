@@ -26,8 +26,8 @@ from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
 
 TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image", "generate")
-#: The entries a decoder generates with (linnet.nest.generate.DECODER_ENTRIES, which
-#: tests/test_run.py checks; not imported, so building the parser loads no zoo code).
+#: The entries a decoder generates with: linnet.nest.generate.DECODER_ENTRIES, repeated
+#: so that building the parser loads no zoo code (tests/test_gpt2_text.py checks they agree).
 DECODER_ENTRIES = ("prefill", "decode", "next_logits")
 #: New tokens `--task generate` adds to each prompt unless told otherwise.
 DEFAULT_NEW_TOKENS = 20

@@ -263,6 +263,8 @@ class Tokenizer:
             found = f"dtype {array.dtype}" if array.ndim in (1, 2) else f"{array.ndim}-D input"
             raise error(codes.BAD_TOKENIZER_INPUT,
                         f"decode takes a list or an array of integer ids (1-D or 2-D), found {found}")
+        if array.ndim == 2 and array.shape[1] == 0:  # e.g. no new tokens after a prompt
+            return [""] * array.shape[0]
         rows = array.reshape(-1, array.shape[-1]).tolist()
         texts = self.backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
         return texts[0] if array.ndim == 1 else texts
