@@ -57,6 +57,18 @@ def test_a_task_the_model_cannot_do_is_a_named_error(capsys, minilm_checkpoint):
     assert "E1301" in err and "`mlm`" in err and "forward, hidden_states, pool, embed" in err
 
 
+def test_generate_on_an_encoder_is_a_named_error(capsys, minilm_checkpoint):
+    status, _, err = _run(capsys, "all-minilm-l6-v2", "--task", "generate", "a prompt")
+    assert status == 1
+    assert "E1301" in err and "`prefill`" in err
+
+
+def test_a_negative_max_new_tokens_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "gpt2", "a prompt", "--max-new-tokens", "-1"])
+    assert caught.value.code == 2 and "--max-new-tokens must be at least 0" in capsys.readouterr().err
+
+
 def test_an_unknown_model_is_a_named_error_not_a_traceback(capsys):
     status, _, err = _run(capsys, "bert-base-uncasd", "hello")
     assert status == 1 and "Traceback" not in err

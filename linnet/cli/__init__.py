@@ -197,8 +197,10 @@ def cmd_run(args, parser) -> int:
 
     if args.top < 1:
         parser.error("--top must be at least 1")
+    if args.max_new_tokens < 0:
+        parser.error("--max-new-tokens must be at least 0")
     options = Options(args.name, args.texts, backend=args.backend, task=args.task, top=args.top,
-                      weights=args.weights, revision=args.revision)
+                      weights=args.weights, revision=args.revision, max_new_tokens=args.max_new_tokens)
     for line in run(options):
         print(line)
     return EXIT_OK
@@ -209,7 +211,7 @@ def cmd_run(args, parser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..backends import available
-    from .run import TASKS
+    from .run import DEFAULT_NEW_TOKENS, TASKS
 
     parser = argparse.ArgumentParser(prog="linnet", description="Linnet: typed neural-network blocks and the Nest zoo")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -253,14 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
     quick.set_defaults(handler=cmd_quickstart)
     run = sub.add_parser("run", help="tokenise texts, run a model and print what it is for "
-                                     "(fill-mask, similarity, classification, pooled vectors)")
+                                     "(fill-mask, similarity, classification, pooled vectors, "
+                                     "a decoder's continuation)")
     run.add_argument("name", metavar="NAME", help="zoo entry (name or folder) or hf:org/repo")
     run.add_argument("texts", nargs="+", metavar="TEXT",
-                     help="texts to run ([MASK] marks a token to fill), or image files for an image model")
+                     help="texts to run ([MASK] marks a token to fill; a decoder's prompts), "
+                          "or image files for an image model")
     run.add_argument("--backend", choices=available(), default="torch")
     run.add_argument("--task", choices=TASKS, default="auto",
                      help="what to print (default: chosen from the model's entries and the texts)")
     run.add_argument("--top", type=int, default=5, metavar="K", help="candidates or labels shown (default 5)")
+    run.add_argument("--max-new-tokens", type=int, default=DEFAULT_NEW_TOKENS, metavar="N",
+                     help=f"tokens a decoder adds to each prompt, greedily (default {DEFAULT_NEW_TOKENS})")
     run.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     run.add_argument("--revision", help="another revision of the weights repo")
     run.set_defaults(handler=cmd_run)

@@ -11,7 +11,10 @@ What gets printed depends on the model, unless `--task` says otherwise:
   ranked by probability;
 * pool: anything else with a `pool` entry: a summary of each text's pooled vector;
 * classify-image: an image model (`[image]` in nest.toml): the arguments are image files,
-  preprocessed as the repo says, and each image's labels are ranked by probability.
+  preprocessed as the repo says, and each image's labels are ranked by probability;
+* generate: a decoder (`prefill`, `decode` and `next_logits` entries, as GPT-2): each text is
+  a prompt, continued greedily by `--max-new-tokens` tokens (fewer when it reaches the
+  entry's end of text), and the continuation is printed under it.
 """
 from __future__ import annotations
 
@@ -22,7 +25,12 @@ import numpy as np
 from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
 
-TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image")
+TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image", "generate")
+#: The entries a decoder generates with: linnet.nest.generate.DECODER_ENTRIES, repeated
+#: so that building the parser loads no zoo code (tests/test_gpt2_text.py checks they agree).
+DECODER_ENTRIES = ("prefill", "decode", "next_logits")
+#: New tokens `--task generate` adds to each prompt unless told otherwise.
+DEFAULT_NEW_TOKENS = 20
 
 #: The codes of `linnet run`, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("cli")
@@ -37,6 +45,7 @@ class Options:
     top: int = 5
     weights: str | None = None
     revision: str | None = None
+    max_new_tokens: int = DEFAULT_NEW_TOKENS
 
 
 def load_model(options: Options):
@@ -50,6 +59,8 @@ def choose_task(model, texts: list[str]) -> str:
     entries, tags = set(model.entries), set(model.manifest.tags)
     if getattr(model.manifest, "image", None) is not None:
         return "classify-image"
+    if all(e in entries for e in DECODER_ENTRIES):
+        return "generate"
     if "mlm" in entries and any("[MASK]" in t for t in texts):
         return "fill-mask"
     if "embed" in entries and "sentence-similarity" in tags:
@@ -134,6 +145,22 @@ def classify_images(model, paths: list[str], top: int) -> list[str]:
     return lines
 
 
+def continue_texts(model, texts: list[str], max_new_tokens: int) -> list[str]:
+    """Each prompt, then its greedy continuation indented by two spaces (a line of it per line)."""
+    for entry in DECODER_ENTRIES:
+        _needs(model, entry, "generate")
+    tokenizer = model.tokenizer
+    # Left padding, so every prompt's last token is the one generation continues from.
+    encoded = tokenizer(texts, padding_side="left")
+    ids = model.generate(encoded.tokens, max_new_tokens, attention_mask=encoded.attention_mask)
+    continuations = tokenizer.decode(ids[:, encoded.tokens.shape[1]:])
+    lines = []
+    for text, continuation in zip(texts, continuations):
+        lines.append(f"{text!r} ->")
+        lines += [f"  {line}" for line in continuation.split("\n")]
+    return lines
+
+
 def pool(model, texts: list[str]) -> list[str]:
     _needs(model, "pool", "pool")
     vectors = _numpy(model.pool(**model.tokenizer(texts)))
@@ -159,4 +186,6 @@ def run(options: Options) -> list[str]:
         return [header, *classify(model, options.texts, options.top)]
     if task == "classify-image":
         return [header, *classify_images(model, options.texts, options.top)]
+    if task == "generate":
+        return [header, *continue_texts(model, options.texts, options.max_new_tokens)]
     return [header, *pool(model, options.texts)]

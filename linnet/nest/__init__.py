@@ -118,8 +118,16 @@ class Model:
         if self.__dict__.get("_tokenizer") is None:
             from .tokenizer import for_entry
 
-            self._tokenizer = for_entry(self.manifest, self._beside())
+            self._tokenizer = for_entry(self.manifest, self._beside(), fields=self._tokenizer_fields())
         return self._tokenizer
+
+    def _tokenizer_fields(self) -> tuple[str, ...]:
+        """The tokenizer's arrays some entry takes: GPT-2's entries take no `token_types`, so its
+        encoded texts hold none and `model(**model.tokenizer(text))` passes only real inputs."""
+        from .tokenizer import FIELDS
+
+        taken = {name for entry in self.program.entries.values() for name, _ in entry.inputs}
+        return tuple(f for f in FIELDS if f in taken) if "tokens" in taken else FIELDS
 
     def run(self, entry: str, *args, **kwargs):
         if entry not in self._validators:
@@ -148,8 +156,8 @@ class Model:
         as transformers' `generate`; see `linnet.nest.generate.generate`."""
         from .generate import generate
 
-        if eos_token_id is None:
-            eos_token_id = getattr(self.manifest, "eos_token_id", None)
+        if eos_token_id is None and self.manifest.generation is not None:
+            eos_token_id = self.manifest.generation.eos_token_id  # `[generate]` in nest.toml
         return generate(self, prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed, attention_mask=attention_mask, eos_token_id=eos_token_id)
 

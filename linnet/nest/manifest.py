@@ -20,6 +20,10 @@ of a bindings.json of the entry's own.
 
 `[tokenizer]` (optional) names the tokenizer files in the `[weights]` repo: `vocab.txt`
 with `lowercase = true|false`, or `tokenizer.json`; `linnet.nest.tokenizer` builds it.
+`[tokenizer].padding_side = "left"` pads a decoder's prompts before the text.
+`[generate]` (optional) declares what `model.generate` needs as data: `eos_token_id`, the
+id that ends a sequence (generation stops there; a tokenizer without a padding token pads
+with it), as transformers reads it from the repo's generation_config.json.
 `[image]` (optional) names an image model's `preprocessor_config.json` and the
 `config.json` whose `id2label` names its classes, in the same repo; `linnet.nest.images`
 reads them.
@@ -51,6 +55,8 @@ LINNET_TOML = "linnet.toml"
 #: The two tokenizer files `[tokenizer].files` may name.
 VOCAB_TXT = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
+#: Where `[tokenizer].padding_side` may put the padding (linnet.nest.tokenizer pads so).
+PADDING_SIDES = ("right", "left")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -120,11 +126,21 @@ class TokenizerSpec:
 
     files: tuple[str, ...]
     lowercase: bool | None
+    #: "right", "left", or None (the tokenizer's default, right).
+    padding_side: str | None = None
 
     @property
     def kind(self) -> str:
         """"vocab" or "json": which of the two forms this is."""
         return "json" if PurePosixPath(self.files[0]).name == TOKENIZER_JSON else "vocab"
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """`[generate]`: a decoder's generation settings, as the repo's generation_config.json has them."""
+
+    #: The end-of-text id: generation stops when every sequence has produced it.
+    eos_token_id: int
 
 
 @dataclass(frozen=True)
@@ -170,6 +186,8 @@ class Manifest:
     tokenizer: TokenizerSpec | None = None
     #: `[image]`, or None for an entry that takes no pictures.
     image: ImageSpec | None = None
+    #: `[generate]`, or None for an entry that does not generate (or declares no end of text).
+    generation: GenerateSpec | None = None
 
     def output_name(self, entry: str) -> str:
         return self.outputs.get(entry, entry)
@@ -278,7 +296,7 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
 
 def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
     root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights",
-                                    "tokenizer", "image"))
+                                    "tokenizer", "image", "generate"))
     model = root.table("model", required=True)
     fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
     # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
@@ -296,11 +314,12 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
     weights = _read_weights(entry_dir, root.table("weights", required=False))
     tokenizer = _read_tokenizer(root.table("tokenizer", required=False), has_weights="weights" in nest.data)
     image = _read_image(root.table("image", required=False), has_weights="weights" in nest.data)
+    generation = _read_generate(root.table("generate", required=False), generics)
     if nest.problems or source is None or package is None:
         return None
     return Manifest(dir=entry_dir, tags=tags, links=links, outputs=outputs, source=source, generics=generics,
                     check=check, weights=weights, package=package, tokenizer=tokenizer,
-                    image=image, **fields)
+                    image=image, generation=generation, **fields)
 
 
 def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
@@ -448,6 +467,7 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
     """`files = ["vocab.txt"]` with `lowercase`, or `files = ["tokenizer.json"]` alone."""
     files = table.take("files", _STR_LIST)
     lowercase = table.take("lowercase", _BOOL, required=False)
+    padding_side = table.take("padding_side", _STR, required=False)
     table.finish()
     if not table.present:
         return None
@@ -475,7 +495,27 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
         return None
     if lowercase is None and names[0] == VOCAB_TXT:
         return None  # mistyped, reported already
-    return TokenizerSpec(files=tuple(files), lowercase=lowercase)
+    if padding_side is not None and padding_side not in PADDING_SIDES:
+        table.problem(codes.BAD_FIELD_VALUE, "padding_side", f"[tokenizer].padding_side must be "
+                                                             f"{' or '.join(map(repr, PADDING_SIDES))}, found "
+                                                             f"{_describe(padding_side)}")
+        return None
+    return TokenizerSpec(files=tuple(files), lowercase=lowercase, padding_side=padding_side)
+
+
+def _read_generate(table: "_Table", generics: dict[str, Any]) -> GenerateSpec | None:
+    """`eos_token_id = N`: a whole number inside the vocabulary (`[generics].Vocab`, when given)."""
+    eos = table.take("eos_token_id", _INT)
+    table.finish()
+    if not table.present or eos is None:
+        return None
+    vocab = generics.get("Vocab")
+    if eos < 0 or (_is_int(vocab) and eos >= vocab):
+        bound = f"0 <= id < Vocab = {vocab}" if _is_int(vocab) else "0 <= id"
+        table.problem(codes.BAD_FIELD_VALUE, "eos_token_id", f"[generate].eos_token_id must be a token id "
+                                                             f"({bound}), found {eos}")
+        return None
+    return GenerateSpec(eos_token_id=eos)
 
 
 def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
@@ -547,6 +587,7 @@ _TABLE = _Kind("a table", lambda v: isinstance(v, dict))
 _STR_OR_TABLE = _Kind("a string (a bindings file) or a table (a declared layout)",
                       lambda v: isinstance(v, (str, dict)))
 _BOOL = _Kind("a boolean (true or false)", lambda v: isinstance(v, bool))
+_INT = _Kind("an integer", _is_int)
 
 
 def _describe(value: Any) -> str:

