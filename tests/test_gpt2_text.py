@@ -14,13 +14,12 @@
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from fixtures.gpt2 import END_OF_TEXT, HELD_OUT_MODULES, TINY, docstrings, save_gpt2, train_byte_bpe, write_tiny_entry
+from fixtures.gpt2 import END_OF_TEXT, HELD_OUT_MODULES, docstrings, save_gpt2, train_byte_bpe, write_tiny_entry
 from linnet import LinnetError, nest
 from linnet.cli import main
 from linnet.nest.manifest import load_manifest
