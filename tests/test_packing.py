@@ -168,23 +168,30 @@ pub block Model<V: Dim, D: Dim, T: Float = f32> {
     }
 
     // Attention behind a key-padding mask: packed across.
-    pub entry mixed<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+    pub entry mixed<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
         let h = up.forward(take(table, ids))
-        return down.forward(h + attention(h, h, h, 0.5, some(masked(mask))))
+        return down.forward(h + attention(h, h, h, 0.5, some(masked(attention_mask))))
     }
 
     // A running sum over the tokens reads padded positions: not packed.
-    pub entry running<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+    pub entry running<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
         return down.forward(cumsum(up.forward(take(table, ids)), 1))
     }
 
     // A mean over every position, padding included: not packed.
-    pub entry averaged<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, 1, D; T] {
+    pub entry averaged<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, 1, D; T] {
         return mean(up.forward(take(table, ids)), 1)
     }
 
+    // The same attention, its mask made from another input: that input does not declare
+    // padding, so its zeros may be real positions: not packed.
+    pub entry undeclared<B: Dim, S: Dim>(ids: Tensor[B, S; i32], keep: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        let h = up.forward(take(table, ids))
+        return down.forward(h + attention(h, h, h, 0.5, some(masked(keep))))
+    }
+
     // Attention without a mask attends to padding: not packed.
-    pub entry unmasked<B: Dim, S: Dim>(ids: Tensor[B, S; i32], mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+    pub entry unmasked<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
         let h = up.forward(take(table, ids))
         return attention(h, h, h, 0.5, none)
     }
@@ -203,8 +210,9 @@ def small(tmp_path_factory):
 def test_the_pass_packs_across_attention_and_refuses_other_token_mixing(small):
     out = optimize(small, passes=("pack_tokens",))
     applied, notes = "\n".join(out.applied), "\n".join(out.notes)
-    assert "mixed: per-token work runs on the kept tokens (mask != 0)" in applied
-    for entry in ("running", "averaged", "unmasked"):
+    assert "mixed: per-token work runs on the kept tokens (attention_mask != 0)" in applied
+    assert "undeclared: not packed: no [B, S] integer input named `attention_mask`" in notes
+    for entry in ("running", "averaged", "unmasked", "undeclared"):
         assert entry + ":" not in applied
     assert "running: not packed" in notes and "`cumsum` mixes token positions" in notes
     assert "averaged: not packed" in notes and "`mean` mixes token positions" in notes

@@ -123,12 +123,7 @@ def classify(model, texts: list[str], top: int) -> list[str]:
         raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, f"--task classify reads one row of logits per text; "
                                                              f"{model.manifest.name}'s `logits` has shape "
                                                              f"{list(probabilities.shape)}"))
-    labels = model.labels or tuple(f"LABEL_{i}" for i in range(probabilities.shape[1]))
-    lines = []
-    for row, text in enumerate(texts):
-        lines.append(f"{text!r}:")
-        lines += [f"  {probabilities[row, i]:6.3f}  {labels[i]}" for i in np.argsort(-probabilities[row])[:top]]
-    return lines
+    return _ranked(model, [repr(text) for text in texts], probabilities, top)
 
 
 def classify_images(model, paths: list[str], top: int) -> list[str]:
@@ -137,10 +132,15 @@ def classify_images(model, paths: list[str], top: int) -> list[str]:
         raise LinnetError(Diagnostic(codes.TASK_UNAVAILABLE, f"--task classify-image needs an image model; "
                                                              f"{model.manifest.name} declares no [image] table"))
     probabilities = _softmax(_numpy(model(model.preprocess(paths))))
+    return _ranked(model, list(paths), probabilities, top)
+
+
+def _ranked(model, headings: list[str], probabilities: np.ndarray, top: int) -> list[str]:
+    """Under each heading, that row's `top` labels by probability (LABEL_i where none are known)."""
     labels = model.labels or tuple(f"LABEL_{i}" for i in range(probabilities.shape[1]))
     lines = []
-    for row, path in enumerate(paths):
-        lines.append(f"{path}:")
+    for row, heading in enumerate(headings):
+        lines.append(f"{heading}:")
         lines += [f"  {probabilities[row, i]:6.3f}  {labels[i]}" for i in np.argsort(-probabilities[row])[:top]]
     return lines
 

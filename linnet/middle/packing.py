@@ -34,8 +34,12 @@ pass refuse the entry, and it says why in `Optimized.notes`.  Every kept positio
 included, is computed exactly as the padded program computes it, so outputs there agree with
 it within the rounding of a smaller GEMM; positions that are not kept read exactly 0.
 
-The pass needs one entry input `[B, S]` of integers that the attention masks are
-proven to come from; it tries each such input and keeps the first that packs.  One module of
+The pass needs the entry input `attention_mask` (`[B, S]` integers, transformers' name for
+the padding mask): the attention masks must be proven to come from it.  The name is the
+program's statement that its zeros are padding, whose outputs nobody reads; that is what
+licenses returning 0 there instead of what the padded program computes.  Another integer
+input that happens to shape an attention mask (token ids compared with a pad id) is not
+taken as one: its zero positions may be real positions whose outputs matter.  One module of
 its own, longer than most (~660 lines) because the analysis and the rewrite share the form of
 every value, and splitting them would pass that state between two modules.
 """
@@ -561,18 +565,21 @@ def pack_tokens(out, exact: bool = True) -> None:
                                f"[{packer.tokens}, ...] for [B, S, ...]")
             break
         else:
-            why = "; ".join(reasons) or "no [B, S] integer input gives the padding"
+            why = "; ".join(reasons) or f"no [B, S] integer input named `{MASK_INPUT}` gives the padding"
             out.notes.append(f"{name}: not packed: {why}")
 
 
+#: The one input name that declares padding (see the module doc).
+MASK_INPUT = "attention_mask"
+
+
 def _mask_candidates(program: ir.Program, entry: ir.Entry) -> list[str]:
-    """Inputs `[X, Y]` of integers over two of the entry's dims, those named like a mask first
-    (an order to try them in, not a decision: each is proven or refused)."""
+    """`attention_mask`, when the entry takes it as `[X, Y]` integers over two of its dims
+    (a candidate, not a decision: the pass still proves or refuses it)."""
     from .. import dtypes
 
-    names = [n for n, t in entry.inputs if t.rank == 2 and dtypes.by_name(t.dtype).kind == "int"
-             and all(str(d) in entry.dims for d in t.dims) and t.dims[0] != t.dims[1]]
-    return sorted(names, key=lambda n: "mask" not in n)
+    return [n for n, t in entry.inputs if n == MASK_INPUT and t.rank == 2 and dtypes.by_name(t.dtype).kind == "int"
+            and all(str(d) in entry.dims for d in t.dims) and t.dims[0] != t.dims[1]]
 
 
 def _attempt(program: ir.Program, entry: ir.Entry, mask: str, shared: dict) -> _Packer:

@@ -57,7 +57,9 @@ class ServedModel:
         tools = provision_for(self.runtime)
         ctx, _ = prepare(self.name)
         export_triton(ctx, self.workdir / "repo", runtime=self.runtime, max_batch_size=self.max_batch_size)
-        self.onnx = load(self.name, backend="onnx")
+        # The export above runs the program as written (no optimisation passes), so the reference
+        # does too: packing would make padded positions read 0 where the export computes them.
+        self.onnx = load(self.name, backend="onnx", optimize=False)
         from ..runtime import index_bounds
 
         program = self.onnx.program
