@@ -10,9 +10,13 @@ ignores one sequence:
 * `pretraining_loss` equals `BertForPreTraining(...).loss`;
 * `mlm_loss` / `nsp_loss` equal F.cross_entropy of transformers' own logits (its `loss` is
   their sum, which is checked too);
-on torch and ONNX Runtime (and JAX), f32 on CPU, within 1e-5.
+on torch, ONNX Runtime, JAX and StableHLO, f32 on CPU, within 1e-5; and std's cross entropy alone
+against F.cross_entropy on logits of +-1e4.
 """
 from __future__ import annotations
+
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,13 +26,69 @@ import torch.nn.functional as F
 from linnet import nest
 from test_heads import TINY_CONFIG, _right_padded, save_transformers_model, write_tiny_entry
 
-BACKENDS = ["torch", "onnx", "jax"]
+BACKENDS = ["torch", "onnx", "jax", "stablehlo"]
 BOUND = 1e-5
 VOCAB = TINY_CONFIG["vocab_size"]
 
 
 def _np(x) -> np.ndarray:
     return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+# ------------------------------------------------------------------ std.nn.losses alone
+
+CE_SOURCE = """
+module celoss
+
+use std.nn.losses::{cross_entropy}
+
+pub block Losses<C: Dim> {
+    pub entry ce<N: Dim>(logits: Tensor[N, C; f32], labels: Tensor[N; i32]) -> Tensor[; f32] {
+        return cross_entropy(logits, labels)
+    }
+}
+"""
+
+
+def _cross_entropy_program(root: Path, classes: int):
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "lib.linnet").write_text(textwrap.dedent(CE_SOURCE).lstrip())
+    (root / "linnet.toml").write_text('[package]\nname = "celoss"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    (root / "nest.toml").write_text(
+        '[model]\nname = "celoss"\ntitle = "Cross entropy"\nsummary = "std cross entropy."\n'
+        'license = "Apache-2.0"\nfamily = "test"\n\n[source]\npath = "src/lib.linnet"\nroot = "Losses"\n'
+        f'entry = "ce"\n\n[generics]\nC = {classes}\n\n[check]\nN = 3\n')
+    ctx, _ = nest.prepare(root, need_weights=False)
+    return ctx.program
+
+
+def test_std_cross_entropy_equals_torch_on_hard_logits(tmp_path):
+    """Logits of +-1e4 (exp overflows without the max shift), -100 labels, every class as a
+    target; generated torch and JAX code against F.cross_entropy."""
+    import jax.numpy as jnp
+
+    from linnet.backends import jax_source, torch_source
+    from linnet.backends.pysource import import_generated
+
+    program = _cross_entropy_program(tmp_path / "entry", classes=7)
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((50, 7)) * 30).astype(np.float32)
+    logits[0, 3], logits[2, 3], logits[1] = 1e4, 1e4, -1e4  # row 0 is ignored, rows 1 and 2 count
+    labels = np.arange(50) % 7
+    labels[::3] = -100
+    expected = float(F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels)))
+    torch_module = import_generated(torch_source.write(program, tmp_path / "torch"), "linnet_test_celoss_torch")
+    jax_module = import_generated(jax_source.write(program, tmp_path / "jax"), "linnet_test_celoss_jax")
+    got = {"torch": torch_module.Losses().ce(torch.from_numpy(logits), torch.from_numpy(labels.astype(np.int32))),
+           "jax": jax_module.ENTRIES["ce"]({}, jnp.asarray(logits), jnp.asarray(labels, jnp.int32))}
+    for backend, value in got.items():
+        value = np.asarray(value)
+        print(f"std cross_entropy {backend}: {float(value):.6f} vs torch {expected:.6f}")
+        assert value.shape == () and np.isfinite(value)
+        assert abs(float(value) - expected) <= BOUND * max(1.0, abs(expected))
+
+
+# ------------------------------------------------------------------ BERT's loss entries
 
 
 @pytest.fixture(scope="module")
