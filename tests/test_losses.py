@@ -149,6 +149,10 @@ def test_loss_entries_equal_bert_for_pretraining(model, reference):
           f"nsp {float(ref_nsp):.6f}; |diff| {diffs}")
     assert float(ref_mlm) > 1.0 and float(ref_nsp) > 0.1  # real losses, not a degenerate 0
     assert max(diffs.values()) <= BOUND
+    # called as transformers' forward is, by its argument names
+    as_transformers = _np(model.pretraining_loss(input_ids=tokens, token_type_ids=types, attention_mask=mask,
+                                                 labels=labels, next_sentence_label=next_sentence))
+    assert as_transformers == ours_total
 
 
 def test_ignored_labels_change_nothing_and_are_not_counted(model):

@@ -433,7 +433,7 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
     Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
     backend, one model).  Both validate every request.
-    entries: the entries (or their output names) to serve; None: all of them.
+    entries: the entries (or their output names) to serve; None: all but the loss entries.
     options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
     max_queue_delay_us, instances).
 
