@@ -228,6 +228,9 @@ PRECONDITION_FAILED: Final = _register("E0702", "precondition-failed", "runtime"
     "run time: an entry precondition (such as `S <= 512`) fails for the given inputs")
 UNKNOWN_MODEL_ENTRY: Final = _register("E0703", "unknown-model-entry", "runtime",
     "run time: the model has no entry by that name")
+ALIAS_AND_NAME: Final = _register("E0704", "alias-and-name", "runtime",
+    "run time: an input given both by its name and by its transformers alias (`tokens` and "
+    "`input_ids`, `token_types` and `token_type_ids`)")
 
 # -- backend: nest.load's options and the backends' own limits (backends/, nest/__init__.py)
 BAD_DEVICE: Final = _register("E0801", "bad-device", "backend",

@@ -102,6 +102,11 @@ def _signature_of(entry: ir.Entry) -> str:
     return f"{entry.name}({params}) -> {entry.result}"
 
 
+#: transformers' names for BERT's inputs, accepted as keywords wherever an entry has the
+#: Linnet name they stand for, so code written for `BertModel(input_ids=...)` runs unchanged.
+INPUT_ALIASES = {"input_ids": "tokens", "token_type_ids": "token_types"}
+
+
 class InputError(LinnetError):
     """An input that does not fit the entry's signature; the message names the argument."""
 
@@ -160,6 +165,7 @@ class InputValidator:
         if len(args) > len(names):
             raise _input_error(self.entry, f"`{self.entry.name}` takes {len(names)} inputs, got {len(args)}")
         values = dict(zip(names, args))
+        kwargs = self._resolve_aliases(kwargs, names)
         for key, value in kwargs.items():
             if key not in names:
                 raise _input_error(self.entry, f"`{self.entry.name}` has no input `{key}`")
@@ -170,6 +176,23 @@ class InputValidator:
         if missing:
             raise _input_error(self.entry, f"`{self.entry.name}` is missing input {', '.join(f'`{m}`' for m in missing)}")
         return values
+
+    def _resolve_aliases(self, kwargs: dict, names: list[str]) -> dict:
+        """`input_ids=` as `tokens=` (and so on) where the entry has `tokens` and no input of
+        the alias's own name; both at once is refused, as neither could win silently."""
+        resolved = {}
+        for key, value in kwargs.items():
+            name = INPUT_ALIASES.get(key)
+            if name is None or key in names or name not in names:
+                resolved[key] = value
+                continue
+            if name in kwargs:
+                raise InputError(Diagnostic(codes.ALIAS_AND_NAME,
+                                            f"`{key}` and `{name}` both given: `{key}` is transformers' name for "
+                                            f"`{name}`; give one of them", None,
+                                            (Note(f"signature: {_signature_of(self.entry)}"),)))
+            resolved[name] = value
+        return resolved
 
     def _check_dtype(self, name: str, t: ir.TensorType, array: np.ndarray) -> None:
         want_int = dtypes.by_name(t.dtype).is_int

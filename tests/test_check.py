@@ -72,7 +72,8 @@ def bert():
 def test_bert_checks_with_every_entry(bert):
     assert bert.target.kind == "entry"
     assert bert.instance.root.block.name == "PreTraining"
-    assert list(bert.instance.entries) == ["forward", "hidden_states", "pool", "embed", "mlm", "nsp"]
+    assert list(bert.instance.entries) == ["forward", "hidden_states", "pool", "embed", "mlm", "nsp",
+                                           "mlm_loss", "nsp_loss", "pretraining_loss"]
     assert bert.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768, "Heads": 12,
                              "Inner": 3072, "Layers": 12, "T": "f32"}
     assert bert.check_dims == {"B": 1, "S": 8}
@@ -88,10 +89,13 @@ def test_bert_entry_signatures(bert):
     assert str(entries["mlm"]) == f"mlm<B, S>{inputs} -> Tensor[B, S, 30522; f32] where S <= 512"
     assert str(entries["nsp"]) == f"nsp<B, S>{inputs} -> Tensor[B, 2; f32] where S <= 512"
     assert entries["forward"].dim_sources() == {"B": ("tokens", 0), "S": ("tokens", 1)}
+    loss_inputs = ("(tokens: Tensor[B, S; i32], token_types: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32], "
+                   "labels: Tensor[B, S; i32], next_sentence_label: Tensor[B; i32])")
+    assert str(entries["pretraining_loss"]) == f"pretraining_loss<B, S>{loss_inputs} -> Tensor[; f32] where S <= 512"
 
 
 def test_bert_precondition_is_recorded_for_every_entry(bert):
-    for name in ("forward", "hidden_states", "pool", "embed", "mlm", "nsp"):
+    for name in ("forward", "hidden_states", "pool", "embed", "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss"):
         (pre,) = bert.instance.entries[name].preconditions
         assert str(pre) == "S <= 512"
         assert str(pre.clause) == "S <= MaxPositions"

@@ -79,7 +79,7 @@ def test_sequence_too_long_names_the_precondition():
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "6 errors" in result.stderr  # every entry declares it
+    assert "9 errors" in result.stderr  # every entry declares it (6, and the 3 losses)
     assert result.stdout == ""
 
 
@@ -119,7 +119,7 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 6  # one per entry
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 9  # one per entry, the 3 losses too
     span = report["diagnostics"][0]["span"]
     line, col = map(int, entry_precondition(0).split(":"))
     assert span["file"].endswith("lib.linnet") and (span["line"], span["col"]) == (line, col)

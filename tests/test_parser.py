@@ -50,7 +50,8 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     module = parse_file(BERT)
     assert module.name == "bert"
     assert [".".join(u.path) for u in module.uses] == [
-        "std.nn.activations", "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.norm"]
+        "std.nn.activations", "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.losses",
+        "std.nn.norm"]
     blocks = {i.name: i for i in module.items if isinstance(i, ast.Block)}
     assert list(blocks) == ["LayerNorm", "Embeddings", "Attention", "EncoderLayer", "Pooler", "Encoder", "Model",
                             "MaskedLmHead", "PreTraining", "MaskedLm", "SequenceClassification",
@@ -64,11 +65,13 @@ def test_bert_source_parses_into_its_blocks_and_functions():
                                                                          ("hidden_states", True, True),
                                                                          ("pool", True, True),
                                                                          ("embed", True, True),
-                                                                         ("word_table", False, True)]
+                                                                         ("word_table", False, True),
+                                                                         ("pool_hidden", False, True)]
     assert len(model.where) == 2
     pretraining = blocks["PreTraining"]
     assert [(f.name, f.is_entry) for f in pretraining.functions] == [
-        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("mlm", True), ("nsp", True)]
+        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("mlm", True), ("nsp", True),
+        ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")

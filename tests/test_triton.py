@@ -21,6 +21,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from linnet import codes
 from linnet.cli import main
 from linnet.diagnostics import LinnetError
 from linnet.nest import load, prepare
@@ -57,8 +58,25 @@ def expected_io(name: str, dtype: str | None, batched: bool):
         return [d.as_int() if d.as_int() is not None else -1 for d in shown]
 
     inputs = [(n, PB_TYPES[t.dtype], dims(t)) for n, t in root.inputs]
-    outputs = [(ctx.output_name(e.name), PB_TYPES[e.result.dtype], dims(e.result)) for e in program.entries.values()]
+    # Served by default: the entries taking the root's inputs (not the loss entries, which take labels too).
+    outputs = [(ctx.output_name(e.name), PB_TYPES[e.result.dtype], dims(e.result)) for e in program.entries.values()
+               if e.inputs == root.inputs]
     return ctx, inputs, outputs
+
+
+def test_loss_entries_are_served_only_when_named():
+    ctx, _ = prepare(BERT, need_weights=False)
+    served = [o.entry for o in triton_io(ctx).outputs]
+    assert "forward" in served and not [e for e in served if e.endswith("loss")]
+    assert "mlm_loss" in ctx.program.entries
+    # named, a loss entry is served alone (its inputs include the labels) ...
+    io = triton_io(ctx, entries=["mlm_loss"])
+    assert [i.name for i in io.inputs] == ["tokens", "token_types", "attention_mask", "labels"]
+    assert [(o.entry, o.dims) for o in io.outputs] == [("mlm_loss", ())]
+    # ... and refused beside an entry without labels, as any two entries with different inputs
+    with pytest.raises(LinnetError) as info:
+        triton_io(ctx, entries=["forward", "mlm_loss"])
+    assert info.value.code == codes.TRITON_INCOMPATIBLE_ENTRIES
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "python"])

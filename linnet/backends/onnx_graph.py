@@ -91,7 +91,9 @@ def _signature(entry: ir.Entry) -> tuple:
 
 
 def layout(program: ir.Program, root_entry: str | None = None) -> list[ModelFile]:
-    """Which entries go to which file: one file when all share their inputs, else one each.
+    """Which entries go to which file: the root entry and every entry taking the same inputs
+    share `model.onnx`; each other entry has a file of its own (a loss entry, which also
+    takes labels, or a decoder step that takes a cache).
 
     The root entry comes first and its file is `model.onnx`, so a caller that wants "the"
     model can take the first path.
@@ -100,9 +102,9 @@ def layout(program: ir.Program, root_entry: str | None = None) -> list[ModelFile
     if root_entry in program.entries:
         names.remove(root_entry)
         names.insert(0, root_entry)
-    if len({_signature(program.entries[n]) for n in names}) == 1:
-        return [ModelFile("model.onnx", names)]
-    return [ModelFile("model.onnx" if i == 0 else f"model.{n}.onnx", [n]) for i, n in enumerate(names)]
+    shared = _signature(program.entries[names[0]])
+    first = [n for n in names if _signature(program.entries[n]) == shared]
+    return [ModelFile("model.onnx", first)] + [ModelFile(f"model.{n}.onnx", [n]) for n in names if n not in first]
 
 
 def value_dims(t: ir.TensorType) -> list[int | str | None]:

@@ -252,16 +252,47 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
 
     files = _emit(ctx, bf16_compute)
     out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[bytes, object] = {}  # content digest -> a tensor referring to where it was written
     for index, model_file in enumerate(files):
         model = model_file.model
         data = WEIGHTS_FILE if index == 0 else f"{WEIGHTS_FILE}.{index}"
-        # Writes the tensors to `data` and leaves references (offset, length) in `model`.
+        digests = _point_at_written(model, written)
+        # Writes the other tensors to `data` and leaves references (offset, length) in `model`.
         onnx.save(model, str(out_dir / model_file.file), save_as_external_data=True,
                   all_tensors_to_one_file=True, location=data, size_threshold=1024)
+        _remember_written(model, digests, written)
         onnx.checker.check_model(str(out_dir / model_file.file), full_check=True)
         for entry in model_file.entries:
             onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
         model_file.model = None
+
+
+def _point_at_written(model, written: dict) -> dict:
+    """Initializers another file of this export already wrote (the weights, when a loss entry
+    has a file of its own beside model.onnx) become references to those bytes, so the
+    weights are on disk once. Returns the digests of the tensors still to be written."""
+    import hashlib
+
+    digests = {}
+    for tensor in model.graph.initializer:
+        if not tensor.HasField("raw_data") or len(tensor.raw_data) < 1024:
+            continue
+        digest = hashlib.blake2b(tensor.SerializeToString(), digest_size=20).digest()
+        if digest in written:
+            tensor.CopyFrom(written[digest])
+        else:
+            digests[tensor.name] = digest
+    return digests
+
+
+def _remember_written(model, digests: dict, written: dict) -> None:
+    """After a save: where each newly written tensor's bytes are (the tensor now holds only a
+    reference), keyed by the digest of its content."""
+    from onnx.external_data_helper import uses_external_data
+
+    for tensor in model.graph.initializer:
+        if tensor.name in digests and uses_external_data(tensor):
+            written.setdefault(digests[tensor.name], type(tensor).FromString(tensor.SerializeToString()))
 
 
 def cut_to_output(model, output):

@@ -99,7 +99,9 @@ def triton_io(ctx, entries=None) -> TritonIO:
     """The inputs and outputs of the Triton model for `ctx` (a `LoadContext`), from its program.
 
     Every entry becomes one output; the entries must take the same inputs, since they are
-    served by one graph.  `entries` (names of entries or of their outputs) keeps only those.
+    served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
+    without it, entries that take labels after the first entry's inputs (the loss entries) are
+    left out.
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -152,7 +154,7 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     """The program's entries in program order, or those `entries` names (entry or output names)."""
     every = list(program.entries.values())
     if entries is None:
-        return every
+        return [e for e in every if not _takes_labels_too(e, every[0])]
     by_name = {}
     for entry in every:
         by_name[entry.name] = by_name[ctx.output_name(entry.name)] = entry
@@ -165,6 +167,13 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
                      f"to serve; its entries (outputs) are: {known}")
     keep = {id(by_name[n]) for n in wanted}
     return [e for e in every if id(e) in keep]
+
+
+def _takes_labels_too(entry: ir.Entry, first: ir.Entry) -> bool:
+    """An entry that takes the first entry's inputs and more after them: a training loss,
+    whose labels an inference client does not have. Served only when named in `entries`."""
+    n = len(first.inputs)
+    return len(entry.inputs) > n and entry.inputs[:n] == first.inputs
 
 
 # ---------------------------------------------------------------------- config
@@ -424,7 +433,7 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
     Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
     backend, one model).  Both validate every request.
-    entries: the entries (or their output names) to serve; None: all of them.
+    entries: the entries (or their output names) to serve; None: all but the loss entries.
     options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
     max_queue_delay_us, instances).
 
