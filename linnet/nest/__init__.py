@@ -9,6 +9,10 @@
 Loading is: manifest -> compile (check, instantiate, lower, emit; cached on disk) ->
 checkpoint files through huggingface_hub -> header-only binding verification -> tensors.
 Nothing is read from the checkpoint until every binding has been verified.
+
+Why over 500 lines: `Model` and the load steps share the compile and binding caches
+defined here; the steps with a life of their own (hub, weights, encode, generate, images)
+are modules beside it.
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ The mapping holds only the inputs the tokenizer's model takes (`fields`): `model
 is built knowing its entries' inputs, so GPT-2's, whose entries take no `token_types`, gives
 `tokens` and `attention_mask` alone.  The tokenizer drops the field, not the model: a model
 that silently ignored keyword arguments it does not take would hide a misspelt input.
+
+Why over 500 lines: both tokenizer forms (WordPiece from vocab.txt, any tokenizer.json) share
+the batching, truncation, padding and input checks, each with its own message.
 """
 from __future__ import annotations
 
