@@ -78,11 +78,11 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
 def _submodule(model, prefix: str):
     """The module at a Linnet instance prefix ("layers.0.up."), through `_modules`: a sub may
     share its name with an entry method (`mlm`), which hides it from `getattr`."""
-    from .pysource import py_name
+    from .torch_runtime import torch_param_name
 
     module = model
-    for part in filter(None, prefix.split(".")):
-        module = module._modules[part if part.isdigit() else py_name(part)]
+    for part in filter(None, torch_param_name(prefix.rstrip(".")).split(".")):
+        module = module._modules[part]
     return module
 
 

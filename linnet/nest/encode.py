@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import codes
+from ..arrays import framework_of
 from ..diagnostics import Diagnostic, LinnetError, Note, error
 
 #: What `output=` accepts: a numpy array, or the backend's own tensor type.
@@ -97,23 +98,11 @@ def _progress(batches: list, progress: bool | None, description: str):
 
 def _restore_order(outputs: list, order: list[int], output: str):
     """One array in the callers' order from per-batch outputs in sorted order."""
-    if output == "numpy":
-        sorted_rows = np.concatenate([_to_numpy(o) for o in outputs])
-        rows = np.empty_like(sorted_rows)
-        rows[np.asarray(order)] = sorted_rows
-        return rows
     inverse = np.empty(len(order), np.int64)
     inverse[np.asarray(order)] = np.arange(len(order))
-    kind = type(outputs[0]).__module__.split(".")[0]
-    if kind == "torch":
-        import torch
-
-        return torch.cat(outputs)[torch.as_tensor(inverse, device=outputs[0].device)]
-    if kind in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-
-        return jnp.concatenate(outputs)[inverse]
-    return np.concatenate([_to_numpy(o) for o in outputs])[inverse]
+    if output == "numpy":
+        return np.concatenate([_to_numpy(o) for o in outputs])[inverse]
+    return framework_of(outputs[0]).concat(outputs, 0)[inverse]
 
 
 def _normalized(vectors):

@@ -38,7 +38,7 @@ from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
 from ..middle.params import ParamSpec
 from .layouts import BERT, LAYER_NORM_SPELLINGS
-from .manifest import Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
+from .manifest import COMMIT_ID, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index
 
 #: The codes of the hf stage, with what they mean (a view of the registry in linnet/codes.py).
@@ -104,7 +104,6 @@ WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
 MLM_DECODER = "cls.predictions.decoder.weight"
 
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _EPS = re.compile(r"\bconst\s+EPS\s*:\s*\w+\s*=\s*([0-9.eE+-]+)")
 
 
@@ -207,7 +206,7 @@ def _entry_name(repo: str) -> str:
 def _snapshot_commit(file: Path, revision: str) -> str:
     """The commit the cache filed `file` under (`.../snapshots/<commit>/config.json`)."""
     folder = file.parent.name
-    return folder if _COMMIT.fullmatch(folder) else revision
+    return folder if COMMIT_ID.fullmatch(folder) else revision
 
 
 def _checkpoint(manifest: HfManifest, repo: str, commit: str,
@@ -550,7 +549,7 @@ def _write_bindings(entry: str, commit: str, bindings: dict[str, str]) -> Path:
     text = json.dumps(bindings, indent=2) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     # A branch name may hold "/": only a commit names a folder as it is.
-    folder = commit if _COMMIT.fullmatch(commit) else hashlib.sha256(commit.encode()).hexdigest()[:16]
+    folder = commit if COMMIT_ID.fullmatch(commit) else hashlib.sha256(commit.encode()).hexdigest()[:16]
     for root in (cache_dir() / "hf", Path(tempfile.gettempdir()) / "linnet-hf"):
         path = root / entry / folder / f"bindings-{digest}.json"
         try:

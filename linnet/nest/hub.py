@@ -15,7 +15,6 @@ schedule takes about 20 s to give up, the probe about 2.5 s at most.
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import threading
 import time
@@ -26,11 +25,10 @@ from urllib.request import getproxies, proxy_bypass
 
 from .. import codes
 from ..diagnostics import LinnetError, Note, error
-from .manifest import PackagedCopy, WeightsSpec
+from .manifest import COMMIT_ID, PackagedCopy, WeightsSpec
 
 log = logging.getLogger("linnet.nest")
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 #: How long the reachability probe may take in all (DNS lookup plus TCP connect).
 PROBE_SECONDS = 2.5
 #: How long one probe's answer is reused, so a load of several files probes once.
@@ -125,7 +123,7 @@ def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoi
 
     cached = cached_file(repo, filename, revision)
     # A commit's files never change, so a cached one needs no request; a branch's might.
-    if cached is not None and (_COMMIT.fullmatch(revision) or constants.HF_HUB_OFFLINE):
+    if cached is not None and (COMMIT_ID.fullmatch(revision) or constants.HF_HUB_OFFLINE):
         return cached
     if not constants.HF_HUB_OFFLINE:
         unreachable = hub_unreachable(constants.ENDPOINT)

@@ -58,7 +58,8 @@ TOKENIZER_JSON = "tokenizer.json"
 #: Where `[tokenizer].padding_side` may put the padding (linnet.nest.tokenizer pads so).
 PADDING_SIDES = ("right", "left")
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+#: A full git commit id, the only revision form a pin accepts.
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: A Python distribution name as PyPI accepts it (PEP 508).
@@ -358,7 +359,7 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
     if repo is not None and not _REPO_ID.fullmatch(repo):
         table.problem(codes.BAD_FIELD_VALUE, "repo", f"[weights].repo must be a Hugging Face repo id like "
                                                      f"\"owner/name\", found {repo!r}")
-    if revision is not None and not _COMMIT.fullmatch(revision):
+    if revision is not None and not COMMIT_ID.fullmatch(revision):
         table.problem(codes.BAD_REVISION, "revision", f"[weights].revision must be a 40-hex commit id, found "
                                                       f"\"{revision}\"")
     _check_repo_files(table, files)
