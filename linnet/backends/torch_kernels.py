@@ -81,7 +81,8 @@ def _submodule(model, prefix: str):
     from .torch_runtime import torch_param_name
 
     module = model
-    for part in filter(None, torch_param_name(prefix.rstrip(".")).split(".")):
+    path = prefix.rstrip(".")
+    for part in torch_param_name(path).split(".") if path else ():
         module = module._modules[part]
     return module
 
