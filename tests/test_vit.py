@@ -333,7 +333,7 @@ def test_vision_bench_smoke(small_vit):
     """One call per phase on the small model: every method loads, runs, and agrees with the reference."""
     from bench import vision
 
-    report = vision.run(str(small_vit.entry), list(vision.BY_KEY), repeats=1)
+    report = vision.run(str(small_vit.entry), list(vision.BY_KEY), repeats=1, rounds=1)
     for key, result in report["methods"].items():
         assert "error" not in result, (key, result.get("error"))
         assert result["latency_b1_ms"] > 0 and result["throughput_b8_images_per_s"] > 0
