@@ -1,0 +1,361 @@
+"""Fine-tuning (linnet/nest/training.py): trainable torch modules, pure JAX functions, saving.
+
+Small random `BertForPreTraining` / `BertForSequenceClassification` models written by
+transformers' own `save_pretrained` are loaded through toy zoo entries over the zoo's BERT
+source (as in test_heads.py) and by transformers from the same files. On a right-padded
+batch with ignored labels, f32 on CPU:
+
+* every parameter's gradient of `mlm_loss`, `nsp_loss`, `pretraining_loss` (and of a
+  sequence-classification loss over the `logits` entry) equals transformers' gradient of the
+  same loss within 1e-5, on torch and on JAX; the tied decoder's gradient lands on the word
+  table, as transformers' does;
+* 3 SGD steps give transformers' parameters within 1e-5;
+* train mode drops at the configured rate (within 1%), eval mode is deterministic;
+* `nest.save` writes the checkpoint's own keys, and transformers `from_pretrained` and
+  `nest.load(weights=...)` of the saved folder give the trained module's outputs within 1e-5.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linnet import nest
+from linnet.diagnostics import LinnetError
+from test_heads import TINY_CONFIG, _right_padded, save_transformers_model, write_tiny_entry
+from test_losses import _batch
+
+BOUND = 1e-5
+VOCAB = TINY_CONFIG["vocab_size"]
+
+
+def _t(*arrays):
+    return tuple(torch.from_numpy(np.asarray(a)) for a in arrays)
+
+
+@pytest.fixture(scope="module")
+def pretraining(tmp_path_factory):
+    base = tmp_path_factory.mktemp("training")
+    return (write_tiny_entry(base / "entry", "PreTraining", "forward"),
+            save_transformers_model("BertForPreTraining", base / "hf", seed=7))
+
+
+@pytest.fixture(scope="module")
+def classification(tmp_path_factory):
+    base = tmp_path_factory.mktemp("training-cls")
+    return (write_tiny_entry(base / "entry", "SequenceClassification", "logits"),
+            save_transformers_model("BertForSequenceClassification", base / "hf", seed=8))
+
+
+def _load(entry_and_checkpoint, backend: str = "torch"):
+    entry, checkpoint = entry_and_checkpoint
+    return nest.load(entry, backend=backend, weights=checkpoint / "model.safetensors")
+
+
+def _reference(cls_name: str, checkpoint: Path):
+    import transformers
+
+    return getattr(transformers, cls_name).from_pretrained(checkpoint).eval()
+
+
+def _gradient_diffs(module, reference) -> dict[str, float]:
+    """Param path -> max |our grad - transformers' grad| of the same checkpoint tensor."""
+    bound = module.linnet_source.report.bound
+    theirs = dict(reference.named_parameters())
+    diffs = {}
+    for path, param in module.named_parameters():
+        expected = theirs[bound[path].key].grad
+        # A param the loss does not reach (the pooler, for the MLM loss) has no grad on either side.
+        assert (param.grad is None) == (expected is None), path
+        diffs[path] = 0.0 if expected is None else float((param.grad - expected).abs().max())
+    return diffs
+
+
+def _pretraining_losses(module, reference, which: str):
+    tokens, types, mask, labels, next_sentence = _t(*_batch(seed=21))
+    inputs = dict(input_ids=tokens, token_type_ids=types, attention_mask=mask)
+    out = reference(**inputs)
+    mlm = F.cross_entropy(out.prediction_logits.reshape(-1, VOCAB), labels.reshape(-1))
+    nsp = F.cross_entropy(out.seq_relationship_logits, next_sentence)
+    if which == "mlm_loss":
+        return module.mlm_loss(**inputs, labels=labels), mlm
+    if which == "nsp_loss":
+        return module.nsp_loss(**inputs, next_sentence_label=next_sentence), nsp
+    ours = module.pretraining_loss(**inputs, labels=labels, next_sentence_label=next_sentence)
+    return ours, reference(**inputs, labels=labels, next_sentence_label=next_sentence).loss
+
+
+# ------------------------------------------------------------------ the module itself
+
+
+def test_params_are_named_by_path_and_require_grad(pretraining):
+    model = _load(pretraining)
+    module = model.torch_module()
+    paths = [path for path, _ in module.linnet_source.program.param_paths()]
+    names = [name for name, _ in module.named_parameters()]
+    assert isinstance(module, torch.nn.Module) and not module.training
+    assert sorted(names) == sorted(paths)
+    assert "bert.encoder.layers.0.attention.query.weight" in names  # unfused: Q, K, V apart
+    assert not [n for n in names if "fused" in n or "qkv" in n]
+    assert all(p.requires_grad for p in module.parameters())
+    # The word table is the MLM decoder too: one tensor, not two.
+    assert not [n for n in names if "decoder" in n]
+    # The inference model is untouched: its params stay frozen and are other tensors.
+    frozen = list(model.runtime.model.parameters())
+    assert frozen and not any(p.requires_grad for p in frozen)
+    ours = dict(module.named_parameters())["bert.encoder.embeddings.word_embeddings"]
+    assert all(ours.data_ptr() != p.data_ptr() for p in frozen)
+
+
+def test_entries_take_names_aliases_and_equal_the_inference_model(pretraining):
+    model = _load(pretraining)
+    module = model.torch_module()
+    tokens, types, mask, _, _ = _batch(seed=3)
+    expected = model.mlm(tokens, types, attention_mask=mask).numpy()  # the optimised runtime
+    with torch.no_grad():
+        by_alias = module.mlm(input_ids=torch.from_numpy(tokens), token_type_ids=torch.from_numpy(types),
+                              attention_mask=torch.from_numpy(mask))
+        by_name = module.mlm(torch.from_numpy(tokens), token_types=torch.from_numpy(types),
+                             attention_mask=torch.from_numpy(mask))
+        defaulted = module(torch.from_numpy(tokens))  # `forward`, its mask and types filled as model() does
+    real = mask.astype(bool)
+    assert np.abs(by_alias.numpy() - expected)[real].max() <= BOUND
+    assert torch.equal(by_alias, by_name)
+    assert torch.equal(defaulted, module.forward(tokens=torch.from_numpy(tokens)))
+    with pytest.raises(LinnetError) as raised:
+        module.mlm(tokens, bogus=tokens)
+    assert raised.value.code == "E0701" and "bogus" in str(raised.value)
+
+
+# ------------------------------------------------------------------ gradients, torch
+
+
+@pytest.mark.parametrize("loss_entry", ["mlm_loss", "nsp_loss", "pretraining_loss"])
+def test_gradients_equal_transformers(pretraining, loss_entry):
+    module = _load(pretraining).torch_module()
+    reference = _reference("BertForPreTraining", pretraining[1])
+    ours, theirs = _pretraining_losses(module, reference, loss_entry)
+    assert abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    diffs = _gradient_diffs(module, reference)
+    worst = max(diffs, key=diffs.get)
+    spread = max(float(p.grad.abs().max()) for p in reference.parameters() if p.grad is not None)
+    print(f"{loss_entry}: {len(diffs)} params, worst grad |diff| {diffs[worst]:.3g} at {worst} (largest grad {spread:.3g})")
+    assert spread > 1e-2  # gradients of a real size, not all zero
+    assert len(diffs) == len(list(reference.parameters()))
+    assert diffs[worst] <= BOUND
+    # tied decoder: the MLM loss reaches the word table through the decoder too
+    if loss_entry != "nsp_loss":
+        words = dict(module.named_parameters())["bert.encoder.embeddings.word_embeddings"].grad
+        unused = sorted(set(range(VOCAB)) - set(_batch(seed=21)[0].ravel().tolist()))
+        assert float(words[unused].abs().max()) > 0  # rows no input looks up still learn
+
+
+def test_sequence_classification_gradients_equal_transformers(classification):
+    module = _load(classification).torch_module()
+    reference = _reference("BertForSequenceClassification", classification[1])
+    tokens, types, mask = _right_padded([9, 4, 12, 6], VOCAB, seed=5)
+    labels = torch.tensor([0, 2, 1, 2])
+    logits = module.logits(*_t(tokens, types), attention_mask=torch.from_numpy(mask))
+    ours = F.cross_entropy(logits, labels)
+    theirs = reference(*_t(tokens), token_type_ids=torch.from_numpy(types), attention_mask=torch.from_numpy(mask),
+                       labels=labels).loss
+    assert abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    diffs = _gradient_diffs(module, reference)
+    assert max(float(p.grad.abs().max()) for p in reference.parameters()) > 1e-2
+    print(f"sequence classification: worst grad |diff| {max(diffs.values()):.3g} over {len(diffs)} params")
+    assert len(diffs) == len(list(reference.parameters()))
+    assert max(diffs.values()) <= BOUND
+
+
+def test_three_sgd_steps_equal_transformers(pretraining):
+    module = _load(pretraining).torch_module()
+    reference = _reference("BertForPreTraining", pretraining[1])
+    ours_opt = torch.optim.SGD(module.parameters(), lr=0.5)
+    theirs_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for step in range(3):
+        tokens, types, mask, labels, next_sentence = _t(*_batch(seed=30 + step))
+        for opt in (ours_opt, theirs_opt):
+            opt.zero_grad()
+        module.pretraining_loss(tokens, types, mask, labels, next_sentence).backward()
+        reference(input_ids=tokens, token_type_ids=types, attention_mask=mask, labels=labels,
+                  next_sentence_label=next_sentence).loss.backward()
+        ours_opt.step()
+        theirs_opt.step()
+    bound = module.linnet_source.report.bound
+    theirs = dict(reference.named_parameters())
+    start = {k: v for k, v in _safetensors(pretraining[1]).items()}
+    diffs = {p: float((v.detach() - theirs[bound[p].key].detach()).abs().max()) for p, v in module.named_parameters()}
+    moved = max(float(np.abs(v.detach().numpy() - start[bound[p].key]).max()) for p, v in module.named_parameters())
+    print(f"3 SGD steps: worst param |diff| {max(diffs.values()):.3g}; params moved up to {moved:.3g}")
+    assert moved > 1e-2 and max(diffs.values()) <= BOUND
+
+
+def _safetensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+# ------------------------------------------------------------------ dropout in train mode
+
+
+def test_train_mode_drops_at_the_configured_rate_and_eval_is_deterministic(pretraining):
+    module = _load(pretraining).torch_module()
+    tokens, types, mask = _t(*_right_padded([64] * 16, VOCAB, seed=1))
+    embeddings = module.bert.encoder.embeddings
+    positions = torch.arange(64).expand(16, 64)
+    with torch.no_grad():
+        plain = embeddings(tokens, types, positions)
+        assert torch.equal(plain, embeddings(tokens, types, positions))  # eval: the identity
+        first = module(tokens, types, mask)
+        assert torch.equal(first, module(tokens, types, mask))
+        module.train()
+        dropped = embeddings(tokens, types, positions)
+        zeros = float((dropped == 0).float().mean())
+        kept = dropped != 0
+        print(f"train mode: {zeros:.4f} of {dropped.numel()} embedding outputs dropped (rate 0.1)")
+        assert abs(zeros - 0.1) <= 0.01
+        assert torch.allclose(dropped[kept], plain[kept] / 0.9, atol=1e-6)
+        assert not torch.equal(module(tokens, types, mask), module(tokens, types, mask))
+        module.eval()
+        assert torch.equal(first, module(tokens, types, mask))
+
+
+# ------------------------------------------------------------------ JAX
+
+
+@pytest.mark.parametrize("loss_entry", ["mlm_loss", "pretraining_loss"])
+def test_jax_gradients_equal_transformers(pretraining, loss_entry):
+    import jax
+    import jax.numpy as jnp
+
+    model = _load(pretraining, backend="jax")
+    params = model.jax_params()
+    function = model.jax_function(loss_entry)
+    reference = _reference("BertForPreTraining", pretraining[1])
+    tokens, types, mask, labels, next_sentence = _batch(seed=21)
+    inputs = [jnp.asarray(a, jnp.int32) for a in (tokens, types, mask, labels)]
+    if loss_entry == "pretraining_loss":
+        inputs.append(jnp.asarray(next_sentence, jnp.int32))
+    loss, grads = jax.jit(jax.value_and_grad(function))(params, *inputs)
+    module = _load(pretraining).torch_module()  # only for the param -> checkpoint key table
+    _, theirs = _pretraining_losses(module, reference, loss_entry)
+    theirs.backward()
+    assert abs(float(loss) - theirs.item()) <= BOUND
+    bound = module.linnet_source.report.bound
+    named = dict(reference.named_parameters())
+    def theirs_of(path):  # None where the loss does not reach the param: a zero gradient
+        grad = named[bound[path].key].grad
+        return np.zeros(named[bound[path].key].shape, np.float32) if grad is None else grad.numpy()
+
+    diffs = {p: float(np.abs(np.asarray(g) - theirs_of(p)).max()) for p, g in grads.items()}
+    print(f"jax {loss_entry}: worst grad |diff| {max(diffs.values()):.3g} over {len(diffs)} params")
+    assert sorted(grads) == sorted(p for p, _ in module.named_parameters())
+    assert max(diffs.values()) <= BOUND
+
+
+def test_jax_function_drops_only_with_a_key(pretraining):
+    import jax
+    import jax.numpy as jnp
+
+    model = _load(pretraining, backend="jax")
+    params = model.jax_params()
+    forward = jax.jit(model.jax_function())
+    tokens, types, mask = (jnp.asarray(a, jnp.int32) for a in _right_padded([40] * 8, VOCAB, seed=2))
+    plain = forward(params, tokens, types, mask)
+    assert np.array_equal(plain, forward(params, tokens, types, mask))
+    assert np.abs(np.asarray(plain) - np.asarray(model(tokens, types, mask))).max() <= BOUND
+    one = forward(params, tokens, types, mask, key=jax.random.PRNGKey(0))
+    again = forward(params, tokens, types, mask, key=jax.random.PRNGKey(0))
+    other = forward(params, tokens, types, mask, key=jax.random.PRNGKey(1))
+    assert np.array_equal(one, again) and not np.array_equal(one, other) and not np.array_equal(one, plain)
+
+
+# ------------------------------------------------------------------ saving
+
+
+def _train_one_step(module):
+    tokens, types, mask, labels, next_sentence = _t(*_batch(seed=40))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    module.pretraining_loss(tokens, types, mask, labels, next_sentence).backward()
+    optimizer.step()
+
+
+def test_save_then_transformers_and_nest_load_give_the_trained_outputs(pretraining, tmp_path):
+    model = _load(pretraining)
+    module = model.torch_module()
+    _train_one_step(module)
+    written = nest.save(module, tmp_path / "tuned")
+    assert written == tmp_path / "tuned" / "model.safetensors"
+    source, saved = _safetensors(pretraining[1]), _safetensors(tmp_path / "tuned")
+    assert sorted(saved) == sorted(source)  # the checkpoint's own keys, nothing more or less
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text()) == json.loads(
+        (pretraining[1] / "config.json").read_text())
+    tokens, types, mask, _, _ = _batch(seed=41)
+    with torch.no_grad():
+        trained = module.mlm(*_t(tokens, types, mask)).numpy()
+        trained_nsp = module.nsp(*_t(tokens, types, mask)).numpy()
+    real = mask.astype(bool)
+    reloaded = _reference("BertForPreTraining", tmp_path / "tuned")
+    with torch.no_grad():
+        out = reloaded(*_t(tokens), token_type_ids=torch.from_numpy(types), attention_mask=torch.from_numpy(mask))
+    again = nest.load(pretraining[0], weights=tmp_path / "tuned")
+    diffs = {"transformers mlm": np.abs(out.prediction_logits.numpy() - trained)[real].max(),
+             "transformers nsp": np.abs(out.seq_relationship_logits.numpy() - trained_nsp).max(),
+             "nest.load mlm": np.abs(again.mlm(tokens, types, mask).numpy() - trained)[real].max()}
+    before = model.mlm(tokens, types, mask).numpy()
+    print(f"saved and reloaded: {diffs}; training moved the logits by {np.abs(before - trained)[real].max():.3g}")
+    assert np.abs(before - trained)[real].max() > 1e-2
+    assert max(diffs.values()) <= BOUND
+
+
+def test_save_keeps_gamma_beta_spelling_and_a_stored_tied_decoder(pretraining, tmp_path):
+    """A TF-era checkpoint (LayerNorm `gamma`/`beta`) that also stores the MLM decoder as its
+    own tensor: the saved file spells the LayerNorms as the source did and writes the decoder
+    as the trained word table (transformers ties the two on load)."""
+    from safetensors.numpy import save_file
+
+    tensors = _safetensors(pretraining[1])
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in tensors.items()}
+    renamed["cls.predictions.decoder.weight"] = tensors["bert.embeddings.word_embeddings.weight"].copy()
+    source = tmp_path / "tf-era"
+    source.mkdir()
+    save_file(renamed, str(source / "model.safetensors"), metadata={"format": "pt"})
+    (source / "config.json").write_text((pretraining[1] / "config.json").read_text())
+    module = nest.load(pretraining[0], weights=source).torch_module()
+    _train_one_step(module)
+    saved = _safetensors(nest.save(module, tmp_path / "tuned").parent)
+    assert sorted(saved) == sorted(renamed)
+    words = dict(module.named_parameters())["bert.encoder.embeddings.word_embeddings"].detach().numpy()
+    assert np.array_equal(saved["cls.predictions.decoder.weight"], words)
+    assert np.array_equal(saved["bert.embeddings.word_embeddings.weight"], words)
+    assert not np.array_equal(words, tensors["bert.embeddings.word_embeddings.weight"])
+    assert np.array_equal(saved["bert.embeddings.LayerNorm.gamma"],
+                          dict(module.named_parameters())["bert.encoder.embeddings.norm.weight"].detach().numpy())
+
+
+def test_save_jax_params(pretraining, tmp_path):
+    import jax
+
+    model = _load(pretraining, backend="jax")
+    params = model.jax_params()
+    tuned = jax.tree_util.tree_map(lambda a: a * 1.01, params)
+    nest.save(model, tmp_path / "tuned", params=tuned)
+    saved = _safetensors(tmp_path / "tuned")
+    bound = model.torch_module().linnet_source.report.bound
+    assert all(np.array_equal(saved[bound[p].key], np.asarray(a)) for p, a in tuned.items())
+    with pytest.raises(LinnetError) as raised:
+        nest.save(model, tmp_path / "bad", params={"nsp.weight": params["nsp.weight"]})
+    assert raised.value.code == "E1020" and "missing" in str(raised.value)
+    with pytest.raises(LinnetError) as raised:
+        nest.save(object(), tmp_path / "bad")
+    assert raised.value.code == "E1020"
