@@ -229,6 +229,21 @@ def test_train_mode_drops_at_the_configured_rate_and_eval_is_deterministic(pretr
         assert torch.equal(first, module(tokens, types, mask))
 
 
+def test_train_mode_drops_at_a_rate_set_in_the_entry(pretraining, tmp_path):
+    """`HiddenDropout = 0.3` in the entry's [generics] reaches the trainable module."""
+    entry = tmp_path / "entry"
+    write_tiny_entry(entry, "PreTraining", "forward", name="tiny-pretraining-dropout")
+    toml = entry / "nest.toml"
+    toml.write_text(toml.read_text().replace('T = "f32"\n', 'T = "f32"\nHiddenDropout = 0.3\n'))
+    module = nest.load(entry, weights=pretraining[1] / "model.safetensors").torch_module().train()
+    tokens, types, _ = _t(*_right_padded([64] * 16, VOCAB, seed=4))
+    with torch.no_grad():
+        dropped = module.bert.encoder.embeddings(tokens, types, torch.arange(64).expand(16, 64))
+    zeros = float((dropped == 0).float().mean())
+    print(f"HiddenDropout = 0.3: {zeros:.4f} of {dropped.numel()} dropped")
+    assert abs(zeros - 0.3) <= 0.01
+
+
 # ------------------------------------------------------------------ JAX
 
 
@@ -315,6 +330,13 @@ def test_save_then_transformers_and_nest_load_give_the_trained_outputs(pretraini
     print(f"saved and reloaded: {diffs}; training moved the logits by {np.abs(before - trained)[real].max():.3g}")
     assert np.abs(before - trained)[real].max() > 1e-2
     assert max(diffs.values()) <= BOUND
+
+
+def test_saving_an_untrained_model_writes_its_checkpoint_back(pretraining, tmp_path):
+    saved = _safetensors(nest.save(_load(pretraining), tmp_path / "same").parent)
+    source = _safetensors(pretraining[1])
+    assert sorted(saved) == sorted(source)
+    assert all(np.array_equal(saved[k], source[k]) and saved[k].dtype == source[k].dtype for k in source)
 
 
 def test_save_keeps_gamma_beta_spelling_and_a_stored_tied_decoder(pretraining, tmp_path):
