@@ -381,3 +381,49 @@ def test_save_jax_params(pretraining, tmp_path):
     with pytest.raises(LinnetError) as raised:
         nest.save(object(), tmp_path / "bad")
     assert raised.value.code == "E1020"
+
+
+# ------------------------------------------------------------------ hf: entries
+
+
+def test_an_hf_token_classifier_trains_saves_and_reloads(hf_cache, tmp_path):
+    """`hf:` builds the entry from the repo's config.json (its dropout rates included); the
+    trainable module's token-classification gradients equal transformers', and the saved
+    folder loads in transformers and back through `hf:` with `weights=`."""
+    from fixtures.hf_checkpoints import write_transformers_repo
+    from transformers import BertForTokenClassification
+
+    repo = write_transformers_repo(hf_cache, "linnet-tests/training-tokens", "BertForTokenClassification", seed=3,
+                                   hidden_dropout_prob=0.25)
+    model = nest.load(repo.name)
+    module = model.torch_module()
+    reference = BertForTokenClassification.from_pretrained(repo.snapshot).eval()
+    tokens, types, mask = _right_padded([10, 6, 12], 1000, seed=6)
+    labels = np.where(mask == 1, np.arange(mask.size).reshape(mask.shape) % 3, -100)
+    logits = module.logits(*_t(tokens, types, mask))
+    ours = F.cross_entropy(logits.reshape(-1, 3), torch.from_numpy(labels).reshape(-1))
+    theirs = reference(*_t(tokens), token_type_ids=torch.from_numpy(types), attention_mask=torch.from_numpy(mask),
+                       labels=torch.from_numpy(labels)).loss
+    assert abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    diffs = _gradient_diffs(module, reference)
+    print(f"hf: token classification: worst grad |diff| {max(diffs.values()):.3g} over {len(diffs)} params")
+    assert max(diffs.values()) <= BOUND
+    with torch.no_grad():
+        dropped = module.train().encoder.embeddings(*_t(tokens, types), torch.arange(12).expand(3, 12))
+        module.eval()
+    assert abs(float((dropped == 0).float().mean()) - 0.25) <= 0.05  # the config's rate (only 2,304 elements)
+
+    torch.optim.SGD(module.parameters(), lr=0.5).step()
+    nest.save(module, tmp_path / "tuned")
+    with torch.no_grad():
+        trained = module.logits(*_t(tokens, types, mask)).numpy()
+        reloaded = BertForTokenClassification.from_pretrained(tmp_path / "tuned").eval()
+        out = reloaded(*_t(tokens), token_type_ids=torch.from_numpy(types), attention_mask=torch.from_numpy(mask))
+    again = nest.load(repo.name, weights=tmp_path / "tuned").logits(tokens, types, mask).numpy()
+    real = mask.astype(bool)
+    before = model.logits(tokens, types, mask).numpy()
+    assert np.abs(before - trained)[real].max() > 1e-2
+    assert np.abs(out.logits.numpy() - trained)[real].max() <= BOUND
+    assert np.abs(again - trained)[real].max() <= BOUND
