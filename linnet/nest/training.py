@@ -141,9 +141,8 @@ def _torch_inputs(module, entry: str, args: tuple, kwargs: dict) -> list:
     import torch
 
     validator = module.linnet_validators[entry]
-    checked, _ = validator(args, kwargs)
-    given = validator._resolve_aliases(kwargs, [n for n, _ in validator.entry.inputs])
-    given.update(zip((n for n, _ in validator.entry.inputs), args))
+    given = validator.bind(args, kwargs)
+    checked, _ = validator.validate(given)
     device = next(module.parameters()).device
     tensors = []
     for (name, t), array in zip(validator.entry.inputs, checked):
