@@ -62,13 +62,19 @@ def _reference(cls_name: str, checkpoint: Path):
     return getattr(transformers, cls_name).from_pretrained(checkpoint).eval()
 
 
+def _transformers_name(key: str) -> str:
+    """A checkpoint key as transformers names the param: TF-era LayerNorm `gamma`/`beta` are
+    renamed `weight`/`bias` on load."""
+    return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
 def _gradient_diffs(module, reference) -> dict[str, float]:
     """Param path -> max |our grad - transformers' grad| of the same checkpoint tensor."""
     bound = module.linnet_source.report.bound
     theirs = dict(reference.named_parameters())
     diffs = {}
     for path, param in module.named_parameters():
-        expected = theirs[bound[path].key].grad
+        expected = theirs[_transformers_name(bound[path].key)].grad
         # A param the loss does not reach (the pooler, for the MLM loss) has no grad on either side.
         assert (param.grad is None) == (expected is None), path
         diffs[path] = 0.0 if expected is None else float((param.grad - expected).abs().max())
@@ -427,3 +433,49 @@ def test_an_hf_token_classifier_trains_saves_and_reloads(hf_cache, tmp_path):
     assert np.abs(before - trained)[real].max() > 1e-2
     assert np.abs(out.logits.numpy() - trained)[real].max() <= BOUND
     assert np.abs(again - trained)[real].max() <= BOUND
+
+
+# ------------------------------------------------------------------ full size
+
+
+def test_bert_base_full_size_gradients_and_save(bert_base_checkpoint, tmp_path):
+    """The zoo's bert-base-uncased on the full-size synthetic checkpoint (TF-era `gamma`/`beta`
+    names, the tied decoder not stored): every param's gradient of `pretraining_loss` equals
+    transformers' within 1e-5, and the saved folder keeps the checkpoint's keys and loads in
+    transformers with the trained outputs."""
+    from fixtures.checkpoints import BERT_BASE_REPO, BERT_BASE_REVISION
+    from transformers import BertForPreTraining
+
+    model = nest.load("bert-base-uncased", kernels="default")  # torch_module() compiles its own program
+    module = model.torch_module()
+    reference = BertForPreTraining.from_pretrained(BERT_BASE_REPO, revision=BERT_BASE_REVISION,
+                                                   dtype=torch.float32).eval()
+    tokens, types, mask = _right_padded([10, 6], 30522, seed=12)
+    labels = np.where((np.arange(mask.size).reshape(mask.shape) % 3 == 0) & (mask == 1), tokens, -100)
+    next_sentence = np.array([1, 0])
+    inputs = _t(tokens, types, mask, labels, next_sentence)
+    ours = module.pretraining_loss(*inputs)
+    theirs = reference(input_ids=inputs[0], token_type_ids=inputs[1], attention_mask=inputs[2], labels=inputs[3],
+                       next_sentence_label=inputs[4]).loss
+    assert abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    diffs = _gradient_diffs(module, reference)
+    print(f"bert-base full size: worst grad |diff| {max(diffs.values()):.3g} over {len(diffs)} params")
+    assert len(diffs) == len(list(reference.parameters())) and max(diffs.values()) <= BOUND
+    del reference
+
+    torch.optim.SGD(module.parameters(), lr=1.0).step()
+    folder = nest.save(module, tmp_path / "tuned").parent
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="numpy") as saved, \
+            safe_open(str(model.info.files[0]), framework="numpy") as source:
+        assert sorted(saved.keys()) == sorted(source.keys())
+        assert "bert.encoder.layer.11.output.LayerNorm.gamma" in saved.keys()  # the source's spelling
+    with torch.no_grad():
+        trained = module.nsp(*inputs[:3]).numpy()
+        reloaded = BertForPreTraining.from_pretrained(folder, dtype=torch.float32).eval()
+        out = reloaded(input_ids=inputs[0], token_type_ids=inputs[1], attention_mask=inputs[2])
+    assert np.abs(model.nsp(tokens, types, mask) - trained).max() > 1e-3  # the step moved it
+    assert np.abs(out.seq_relationship_logits.numpy() - trained).max() <= BOUND
