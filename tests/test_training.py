@@ -298,6 +298,13 @@ def test_jax_function_drops_only_with_a_key(pretraining):
     again = forward(params, tokens, types, mask, key=jax.random.PRNGKey(0))
     other = forward(params, tokens, types, mask, key=jax.random.PRNGKey(1))
     assert np.array_equal(one, again) and not np.array_equal(one, other) and not np.array_equal(one, plain)
+    # A training step's gradient with dropout on, under jit: finite, and not eval mode's.
+    loss = model.jax_function("mlm_loss")
+    labels = jnp.where(mask == 1, tokens, -100)
+    grad = jax.jit(jax.grad(lambda p, k: loss(p, tokens, types, mask, labels, key=k)))
+    dropped_grad = grad(params, jax.random.PRNGKey(5))["bert.encoder.layers.0.up.weight"]
+    eval_grad = jax.grad(loss)(params, tokens, types, mask, labels)["bert.encoder.layers.0.up.weight"]
+    assert np.isfinite(np.asarray(dropped_grad)).all() and not np.allclose(dropped_grad, eval_grad)
 
 
 # ------------------------------------------------------------------ saving
@@ -433,6 +440,34 @@ def test_an_hf_token_classifier_trains_saves_and_reloads(hf_cache, tmp_path):
     assert np.abs(before - trained)[real].max() > 1e-2
     assert np.abs(out.logits.numpy() - trained)[real].max() <= BOUND
     assert np.abs(again - trained)[real].max() <= BOUND
+
+
+# ------------------------------------------------------------------ beyond BERT
+
+
+def test_gpt2_language_model_gradients_equal_transformers(tmp_path):
+    """Nothing in torch_module() is BERT's: a tiny GPT-2 (Conv1D weights, the LM head tied to
+    `wte`) fine-tunes with transformers' causal-LM loss, computed over the `forward` logits."""
+    from fixtures.gpt2 import save_gpt2, write_tiny_entry as write_gpt2_entry
+
+    reference = save_gpt2(tmp_path / "hf", seed=2)
+    module = nest.load(write_gpt2_entry(tmp_path / "entry"), weights=tmp_path / "hf" / "model.safetensors").torch_module()
+    vocab = reference.config.vocab_size
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, vocab, (2, 12)))
+    mask = torch.ones_like(ids)
+    logits = module(input_ids=ids, attention_mask=mask)
+    ours = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+    theirs = reference(input_ids=ids, attention_mask=mask, labels=ids).loss
+    assert abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    named = dict(reference.named_parameters())
+    bound = module.linnet_source.report.bound
+    # The checkpoint's keys may or may not carry GPT2LMHeadModel's `transformer.` prefix.
+    theirs = {path: named.get(bound[path].key, named.get(f"transformer.{bound[path].key}")) for path in bound}
+    diffs = {path: float((param.grad - theirs[path].grad).abs().max()) for path, param in module.named_parameters()}
+    print(f"gpt2: worst grad |diff| {max(diffs.values()):.3g} over {len(diffs)} params")
+    assert len(diffs) == len(named) and max(diffs.values()) <= BOUND
 
 
 # ------------------------------------------------------------------ full size
