@@ -19,6 +19,7 @@ checkpoint bound param by param:
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,16 +203,21 @@ def save(model_or_module, folder: str | Path, *, params: Mapping[str, Any] | Non
     """Write the params to `folder/model.safetensors` under the checkpoint's own keys, plus the
     config and tokenizer files beside the checkpoint; returns the file written.
 
-    model_or_module: a `torch_module()` (its current, trained params), or a loaded `Model`
+    model_or_module: a `torch_module()` (its current, trained params; also one wrapped by
+    `torch.compile`), or a loaded `Model`
     (its checkpoint's params, or `params=`, e.g. trained `jax_params()`, by param path)."""
-    source, tensors = _params_to_save(model_or_module, params)
+    source, tensors = _params_to_save(getattr(model_or_module, "_orig_mod", model_or_module), params)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = _checkpoint_tensors(source, tensors)
     from safetensors.numpy import save_file
 
+    # Written beside and renamed: a reader never sees half a file, and saving over the
+    # checkpoint the model was read from does not truncate it while it is still mapped.
     target = folder / CHECKPOINT_NAME
-    save_file(written, str(target), metadata={"format": "pt"})
+    partial = folder / f".{CHECKPOINT_NAME}.partial"
+    save_file(written, str(partial), metadata={"format": "pt"})
+    os.replace(partial, target)
     _copy_beside(source.files, folder)
     return target
 
@@ -267,8 +273,9 @@ def _checkpoint_tensors(source: TrainingSource, tensors: dict[str, np.ndarray]) 
         key = bound[path].key
         if key not in written:
             written[key] = array
-    copies = _tied_copies(source)
-    for key, info in _unbound(source).items():
+    unbound = _unbound(source)
+    copies = _tied_copies(source, unbound)
+    for key, info in unbound.items():
         if key in copies:
             written[key] = tensors[copies[key]]
         else:
@@ -283,9 +290,8 @@ def _unbound(source: TrainingSource) -> dict:
     return {key: index[key] for key in source.report.unused_keys}
 
 
-def _tied_copies(source: TrainingSource) -> dict[str, str]:
+def _tied_copies(source: TrainingSource, unbound: dict) -> dict[str, str]:
     """Unbound checkpoint key -> the param whose stored tensor it equals byte for byte."""
-    unbound = _unbound(source)
     copies = {}
     for path, info in source.report.bound.items():
         for key, other in unbound.items():
