@@ -470,6 +470,31 @@ def test_gpt2_language_model_gradients_equal_transformers(tmp_path):
     assert len(diffs) == len(named) and max(diffs.values()) <= BOUND
 
 
+def test_a_float_input_keeps_its_gradient_vit(hf_cache, tmp_path):
+    """A float input given as a tensor is passed on as itself: the gradient of a small ViT's
+    loss reaches the pixels as transformers' does."""
+    from fixtures.vit_checkpoints import write_small_vit_repo
+
+    vit = write_small_vit_repo(hf_cache, tmp_path / "vit-small", repo="linnet-tests/vit-training")
+    model = nest.load(vit.entry)
+    module = model.torch_module()
+    entry = module.linnet_source.program.entries[model.manifest.source.entry]
+    images = torch.from_numpy(np.random.default_rng(1).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32))
+    ours_pixels, theirs_pixels = images.clone().requires_grad_(True), images.clone().requires_grad_(True)
+    labels = torch.tensor([2, 0])
+    ours = F.cross_entropy(module(ours_pixels), labels)
+    theirs = vit.model(pixel_values=theirs_pixels, labels=labels).loss
+    assert entry.inputs[0][1].dtype == "f32" and abs(ours.item() - theirs.item()) <= BOUND
+    ours.backward()
+    theirs.backward()
+    assert ours_pixels.grad is not None and float(ours_pixels.grad.abs().max()) > 1e-4
+    assert float((ours_pixels.grad - theirs_pixels.grad).abs().max()) <= BOUND
+    # (transformers renames ViT's params on load, so they are not compared one by one here;
+    # the pixel gradient runs back through every one of them.)
+    assert all(p.grad is not None for p in module.parameters())
+    print(f"vit: pixel grad |diff| {float((ours_pixels.grad - theirs_pixels.grad).abs().max()):.3g}")
+
+
 # ------------------------------------------------------------------ full size
 
 

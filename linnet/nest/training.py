@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import codes
+from .. import codes, dtypes
 from ..diagnostics import Note, error
 from ..middle import ir
 from ..runtime import InputValidator
@@ -149,9 +149,7 @@ def _torch_inputs(module, entry: str, args: tuple, kwargs: dict) -> list:
     for (name, t), array in zip(validator.entry.inputs, checked):
         value = given.get(name)
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            from ..dtypes import by_name
-
-            tensors.append(value.to(device=device, dtype=getattr(torch, by_name(t.dtype).torch)))
+            tensors.append(value.to(device=device, dtype=dtypes.by_name(t.dtype).torch_type()))
         else:
             tensors.append(torch.from_numpy(array).to(device))
     return tensors
