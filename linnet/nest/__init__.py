@@ -88,6 +88,9 @@ class Model:
         self._preprocessor = None
         # A classifier loaded as `hf:` carries its config.json's `id2label` in its manifest.
         self._labels: tuple[str, ...] | None = getattr(manifest, "labels", None)
+        #: `nest.load`'s dtype, revision and weights, which `torch_module()`, `jax_params()`
+        #: and `nest.save` load the checkpoint with again (set by `load`).
+        self.load_options: dict = {}
 
     @property
     def labels(self) -> tuple[str, ...] | None:
@@ -544,7 +547,6 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     info.seconds = time.perf_counter() - started
     log.info("loaded %s (%s) in %.2f s, checkpoint from %s", manifest.name, backend, info.seconds, info.source)
     model = Model(manifest, ctx.program, runtime, info)
-    # What `torch_module()` / `jax_params()` / `nest.save` load again, unoptimised.
     model.load_options = {"dtype": dtype, "revision": revision, "weights": weights}
     return model
 

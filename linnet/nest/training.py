@@ -63,7 +63,7 @@ def training_source(model) -> TrainingSource:
         return cached
     from . import prepare
 
-    options = model.__dict__.get("load_options") or {}
+    options = model.load_options
     ctx, info = prepare(model.manifest, dtype=options.get("dtype"), revision=options.get("revision"),
                         weights=options.get("weights"), optimize=())
     source = TrainingSource(ctx, info.report, list(info.files))
