@@ -324,13 +324,12 @@ def test_jax_function_drops_only_with_a_key(pretraining):
     again = forward(params, tokens, types, mask, key=jax.random.PRNGKey(0))
     other = forward(params, tokens, types, mask, key=jax.random.PRNGKey(1))
     assert np.array_equal(one, again) and not np.array_equal(one, other) and not np.array_equal(one, plain)
-    # A training step's gradient with dropout on, under jit: finite, and not eval mode's.
+    # A training step's gradient with dropout on, under jit: finite, and drawn anew per key.
     loss = model.jax_function("mlm_loss")
     labels = jnp.where(mask == 1, tokens, -100)
     grad = jax.jit(jax.grad(lambda p, k: loss(p, tokens, types, mask, labels, key=k)))
-    dropped_grad = grad(params, jax.random.PRNGKey(5))["bert.encoder.layers.0.up.weight"]
-    eval_grad = jax.grad(loss)(params, tokens, types, mask, labels)["bert.encoder.layers.0.up.weight"]
-    assert np.isfinite(np.asarray(dropped_grad)).all() and not np.allclose(dropped_grad, eval_grad)
+    first, second = (grad(params, jax.random.PRNGKey(k))["bert.encoder.layers.0.up.weight"] for k in (5, 6))
+    assert np.isfinite(np.asarray(first)).all() and not np.allclose(first, second)
 
 
 # ------------------------------------------------------------------ saving
