@@ -337,6 +337,9 @@ WEIGHTS_NOT_GIVEN: Final = _register("E1012", "weights-not-given", "weights",
     "the entry declares no `[weights]` and no `weights=` was passed")
 BAD_WEIGHTS_DTYPE: Final = _register("E1013", "bad-weights-dtype", "weights",
     "an unknown or non-float dtype name was asked for")
+CANNOT_SAVE: Final = _register("E1020", "cannot-save", "weights",
+    "`nest.save` was given something it cannot save: not a loaded model or a trainable module, "
+    "or `params=` without every param of the model")
 
 # -- hf: entries built from a Hugging Face repo (nest/hf.py)
 BAD_HF_NAME: Final = _register("E1101", "bad-hf-name", "hf",

@@ -137,7 +137,11 @@ class InputValidator:
         self.bounds = index_bounds(program, entry)
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple[list[np.ndarray], dict[str, int]]:
-        values = self._bind_arguments(args, kwargs)
+        return self.validate(self.bind(args, kwargs))
+
+    def validate(self, values: dict) -> tuple[list[np.ndarray], dict[str, int]]:
+        """The inputs `bind` returned, checked and converted: numpy arrays in signature order
+        (left-out ones filled from their defaults), and the dims they bind."""
         given = [(name, t) for name, t in self.entry.inputs if values.get(name) is not None]
         arrays = {name: to_numpy(values[name], name, self.entry) for name, _ in given}
         dims: dict[str, int] = {}
@@ -160,7 +164,8 @@ class InputValidator:
             converted.append(np.ascontiguousarray(arrays[name].astype(numpy_type, copy=False)))
         return converted, dims
 
-    def _bind_arguments(self, args: tuple, kwargs: dict) -> dict:
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """Input name -> the value given for it, by position, name or transformers' alias."""
         names = [n for n, _ in self.entry.inputs]
         if len(args) > len(names):
             raise _input_error(self.entry, f"`{self.entry.name}` takes {len(names)} inputs, got {len(args)}")

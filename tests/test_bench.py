@@ -145,3 +145,16 @@ def test_contention_counts_a_live_child_as_own_work():
         assert contention._own_seconds() - before >= 0.5  # the child is still alive here
     finally:
         child.communicate(b"")
+
+
+def test_training_bench_smoke_run(tmp_path):
+    """`python -m bench.training` at a toy size: it runs both sides, checks that they train the
+    same model (eval-mode gradients within 1e-5) and writes its result."""
+    from bench import training
+
+    out = tmp_path / "training.json"
+    assert training.main(["--rounds", "1", "--steps", "1", "--batch", "2", "--seq", "8", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"linnet_step_ms", "transformers_step_ms", "ratio", "eval_grad_max_abs_diff"} <= set(result)
+    assert result["linnet_step_ms"] > 0 and result["transformers_step_ms"] > 0
+    assert result["eval_grad_max_abs_diff"] <= 1e-5

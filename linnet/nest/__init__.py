@@ -38,7 +38,7 @@ from .tokenizer import Tokenizer, load_tokenizer
 from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index,
                       verify_bindings)
 
-__all__ = ["load", "list", "list_entries", "load_tokenizer", "Model", "Tokenizer", "cache_dir"]
+__all__ = ["load", "list", "list_entries", "load_tokenizer", "save", "Model", "Tokenizer", "cache_dir"]
 
 log = logging.getLogger("linnet.nest")
 
@@ -88,6 +88,9 @@ class Model:
         self._preprocessor = None
         # A classifier loaded as `hf:` carries its config.json's `id2label` in its manifest.
         self._labels: tuple[str, ...] | None = getattr(manifest, "labels", None)
+        #: `nest.load`'s dtype, revision and weights, which `torch_module()`, `jax_params()`
+        #: and `nest.save` load the checkpoint with again (set by `load`).
+        self.load_options: dict = {}
 
     @property
     def labels(self) -> tuple[str, ...] | None:
@@ -164,6 +167,30 @@ class Model:
             eos_token_id = self.manifest.generation.eos_token_id  # `[generate]` in nest.toml
         return generate(self, prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed, attention_mask=attention_mask, eos_token_id=eos_token_id)
+
+    # ---------------------------------------------------------------- fine-tuning
+    # Built from the unoptimised program (linnet/nest/training.py), so what trains is the
+    # source's params as the checkpoint binds them, not the inference runtime's fused ones.
+    def torch_module(self):
+        """A trainable `torch.nn.Module`: params named by Linnet param path, requiring grad; one
+        method per entry taking torch tensors (input names or transformers' aliases);
+        `.train()` / `.eval()` switch dropout.  In eval mode when returned."""
+        from .training import torch_module
+
+        return torch_module(self)
+
+    def jax_params(self) -> dict:
+        """The params as `{Linnet param path: jax.Array}`, for `jax_function`."""
+        from .training import jax_params
+
+        return jax_params(self)
+
+    def jax_function(self, entry: str | None = None):
+        """`f(params, *inputs, key=None)`: the entry as a pure JAX function (jit- and grad-able);
+        a PRNG `key` turns dropout on."""
+        from .training import jax_function
+
+        return jax_function(self, entry)
 
     def __getattr__(self, name: str):
         entries = self.__dict__.get("_validators", {})
@@ -519,4 +546,17 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     info.generated = getattr(runtime, "generated", None)
     info.seconds = time.perf_counter() - started
     log.info("loaded %s (%s) in %.2f s, checkpoint from %s", manifest.name, backend, info.seconds, info.source)
-    return Model(manifest, ctx.program, runtime, info)
+    model = Model(manifest, ctx.program, runtime, info)
+    model.load_options = {"dtype": dtype, "revision": revision, "weights": weights}
+    return model
+
+
+def save(model_or_module, folder: str | Path, *, params=None) -> Path:
+    """Write a model's params to `folder/model.safetensors` under its checkpoint's own keys,
+    with the checkpoint's config.json and tokenizer files, so `nest.load(..., weights=folder)`
+    and transformers' `from_pretrained(folder)` load it.  `model_or_module`: a trainable
+    `model.torch_module()` (its current params) or a loaded Model (its checkpoint, or
+    `params=` by param path, e.g. trained `jax_params()`).  See docs/training.md."""
+    from .training import save as save_params
+
+    return save_params(model_or_module, folder, params=params)
