@@ -175,7 +175,8 @@ RESHAPE_COUNT: Final = _register("E0324", "reshape-count", "check",
 NOT_A_PERMUTATION: Final = _register("E0325", "not-a-permutation", "check",
     "`permute` with a list that is not a permutation of the axes")
 INDEX_OUT_OF_BOUNDS: Final = _register("E0326", "index-out-of-bounds", "check",
-    "an index or slice provably out of bounds, or a constant index no 64-bit index can hold")
+    "an index or slice provably out of bounds (or, from a `static for` pass number, not proven in bounds), "
+    "or a constant index no 64-bit index can hold")
 DTYPE_MISMATCH: Final = _register("E0330", "dtype-mismatch", "check",
     "dtypes that do not match, a dtype a primitive does not take, or a number (literal, constant or "
     "dim) outside the range of the dtype it meets")
