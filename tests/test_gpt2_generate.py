@@ -83,6 +83,30 @@ def test_greedy_generate_of_32_tokens_is_token_identical_to_transformers(tiny, m
     assert (ours == theirs).all(), np.argwhere(ours != theirs)[:5]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_backends_steps_equal_a_full_recompute_at_every_step(models, backend):
+    """The stepping generate uses on this backend (the entries, the fixed window, or ONNX
+    Runtime's past-key-value graphs) against `forward` over the whole sequence so far."""
+    from linnet.nest.generate import _left_pad, _steps
+
+    model = models(backend)
+    tokens, mask = left_padded([6, 2], seed=12)
+    new = 6
+    steps = _steps(model, tokens, mask, new)
+    logits = steps.start(tokens, mask)
+    rng = np.random.default_rng(13)
+    width = tokens.shape[1] + new
+    for step in range(new - 1):
+        # The reference at one width, left-padded (padding is checked against transformers in
+        # tests/test_gpt2.py), so JAX and StableHLO compile `forward` once.
+        pad = width - tokens.shape[1]
+        full = np.asarray(model(_left_pad(tokens, pad), attention_mask=_left_pad(mask, pad)))[:, -1]
+        assert np.abs(np.asarray(logits) - full).max() < BOUND, (type(steps).__name__, step)
+        token = rng.integers(0, EOS, (2, 1))
+        tokens, mask = np.concatenate([tokens, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
+        logits = steps.step(token, mask)
+
+
 @pytest.mark.parametrize("backend", ["jax", "stablehlo"])
 def test_compiling_backends_step_on_one_cache_length(models, backend, monkeypatch):
     model = models(backend)
