@@ -160,6 +160,8 @@ RECURSIVE_CALL: Final = _register("E0317", "recursive-call", "check",
 BAD_COLLECT: Final = _register("E0318", "bad-collect", "check",
     "`collect v` of something other than a tensor `var` declared before the loop (a `let`, a "
     "parameter, a name declared inside the loop, a dim, a literal scalar)")
+SHAPE_FROM_PASS_NUMBER: Final = _register("E0319", "shape-from-pass-number", "check",
+    "a tensor whose shape depends on a `static for` pass number (every pass must see the same types)")
 BAD_OPERAND: Final = _register("E0320", "bad-operand", "check",
     "an operation applied to values it does not take (e.g. `%` on tensors, negating a sub-block)")
 SHAPE_MISMATCH: Final = _register("E0321", "shape-mismatch", "check",

@@ -136,3 +136,14 @@ def test_enumerate_is_still_a_name_elsewhere(tmp_path):
         }
     """))
     compile_target(locate(path))
+
+
+def test_a_shape_that_depends_on_the_pass_number_is_refused(tmp_path):
+    """Every pass runs one body with one set of types: `shifts[i:]` would have Layers + 1 - i rows."""
+    path = tmp_path / "tail.linnet"
+    path.write_text(SOURCE.replace("shifts[INDEX] * cast<f32>(i)", "shifts[i:][0] * cast<f32>(i)"), encoding="utf-8")
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(path))
+    text = caught.value.render()
+    assert caught.value.code == codes.SHAPE_FROM_PASS_NUMBER.code
+    assert "shape Tensor[Layers - i + 1, D; f32] depends on the pass number" in text and "tail.linnet:9:" in text

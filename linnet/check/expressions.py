@@ -22,8 +22,20 @@ from .type_syntax import OPS_ON_DIMS, resolve_dtype_arg
 
 def check_expr(node: ast.Expr, ctx: BodyContext) -> Type:
     t = _EXPRESSION_CHECKS[type(node)](node, ctx)
+    if isinstance(t, TensorT) and t.rank is not None:
+        _refuse_pass_dependent_shape(node, t, ctx)
     ctx.checker.types[id(node)] = t
     return t
+
+
+def _refuse_pass_dependent_shape(node: ast.Expr, t: TensorT, ctx: BodyContext) -> None:
+    """An unrolled loop's passes share one body, so a value's shape may not change from one
+    pass to the next: `rows[i:]` has Layers - i rows, a different type in each pass."""
+    for dim in t.dims:
+        if isinstance(dim, DimExpr) and _pass_numbers(dim, ctx):
+            fail(codes.SHAPE_FROM_PASS_NUMBER, f"this value's shape {t} depends on the pass number, which every "
+                 "pass of a `static for` must agree on", node.span, _pass_note(dim, ctx),
+                 Note("index with the pass number, or slice a fixed length: `x[i:i + 1]`"))
 
 
 def _check_int_lit(node: ast.IntLit, ctx: BodyContext) -> Type:
