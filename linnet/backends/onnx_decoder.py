@@ -168,7 +168,7 @@ class PastKeyValueSteps:
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
         for name, value in past:
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", self.device)
+        binding.bind_output("logits", "cpu")  # read on the host each step; the cache stays on the device
         for name in self.present:
             binding.bind_output(name, self.device)
         session.run_with_iobinding(binding)
