@@ -160,6 +160,8 @@ RECURSIVE_CALL: Final = _register("E0317", "recursive-call", "check",
 BAD_COLLECT: Final = _register("E0318", "bad-collect", "check",
     "`collect v` of something other than a tensor `var` declared before the loop (a `let`, a "
     "parameter, a name declared inside the loop, a dim, a literal scalar)")
+SHAPE_FROM_PASS_NUMBER: Final = _register("E0319", "shape-from-pass-number", "check",
+    "a tensor whose shape depends on a `static for` pass number (every pass must see the same types)")
 BAD_OPERAND: Final = _register("E0320", "bad-operand", "check",
     "an operation applied to values it does not take (e.g. `%` on tensors, negating a sub-block)")
 SHAPE_MISMATCH: Final = _register("E0321", "shape-mismatch", "check",
@@ -175,7 +177,8 @@ RESHAPE_COUNT: Final = _register("E0324", "reshape-count", "check",
 NOT_A_PERMUTATION: Final = _register("E0325", "not-a-permutation", "check",
     "`permute` with a list that is not a permutation of the axes")
 INDEX_OUT_OF_BOUNDS: Final = _register("E0326", "index-out-of-bounds", "check",
-    "an index or slice provably out of bounds, or a constant index no 64-bit index can hold")
+    "an index or slice provably out of bounds (or, from a `static for` pass number, not proven in bounds), "
+    "or a constant index no 64-bit index can hold")
 DTYPE_MISMATCH: Final = _register("E0330", "dtype-mismatch", "check",
     "dtypes that do not match, a dtype a primitive does not take, or a number (literal, constant or "
     "dim) outside the range of the dtype it meets")

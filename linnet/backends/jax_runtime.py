@@ -67,6 +67,9 @@ def resolve_device(device, backend: str = "jax"):
 
 class JaxRuntime:
     backend = "jax"
+    #: jax.jit compiles once per input shape, so generate keeps the cache one length
+    #: (linnet/nest/generate.py's WindowSteps) rather than compiling a step per position.
+    compiles_per_shape = True
 
     def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict, *, device=None):
         import jax

@@ -131,6 +131,11 @@ class _Frame:
     prefix: str  # the block's param path prefix, `layers.3.attention.`; "" at the root
     env: dict[str, str] = field(default_factory=dict)  # Linnet local -> ONNX value name
     loops: dict[str, str] = field(default_factory=dict)  # loop variable -> prefix of its element
+    indices: dict[str, int] = field(default_factory=dict)  # an enumerating loop's index -> this pass
+
+    def resolve(self, expr: DimExpr) -> DimExpr:
+        """`expr` with the pass numbers of the loops around it filled in."""
+        return expr.substitute(self.indices) if self.indices else expr
 
 
 class GraphEmitter:
@@ -349,12 +354,15 @@ class GraphEmitter:
                 collected = [frame.env[stmt.collect.var]] if stmt.collect is not None else []
                 for i in range(member.count or 0):
                     frame.loops[stmt.var] = f"{frame.prefix}{stmt.member}.{i}."
+                    if stmt.index is not None:  # the body's dims see the pass number as a constant
+                        frame.indices[stmt.index] = i
                     result = self._stmts(stmt.body, frame)
                     if result is not None:
                         return result
                     if stmt.collect is not None:
                         collected.append(frame.env[stmt.collect.var])
                 frame.loops.pop(stmt.var, None)
+                frame.indices.pop(stmt.index, None)
                 if stmt.collect is not None:
                     frame.env[stmt.collect.into] = self._stack(collected, stmt, frame)
             elif isinstance(stmt, ir.Return):
@@ -407,8 +415,9 @@ class GraphEmitter:
             return self._scalar(e.value, e.type.dtype)
         if isinstance(e, ir.DimValue):
             from onnx import TensorProto
-            return self.node("Squeeze", [self.dim(e.expr)], TensorProto.INT64, scope="dims",
-                             doc=f"the dim {e.expr} as a scalar")
+            expr = frame.resolve(e.expr)
+            return self.node("Squeeze", [self.dim(expr)], TensorProto.INT64, scope="dims",
+                             doc=f"the dim {expr} as a scalar")
         if isinstance(e, ir.Absent):
             return ""
         if isinstance(e, ir.Call):
@@ -437,6 +446,7 @@ class GraphEmitter:
         """`x[...]` as one Slice over the sliced and indexed axes, then a Squeeze of the indexed ones."""
         starts, ends, axes, dropped = [], [], [], []
         for axis, item in enumerate(e.attr("items")):
+            item = (item[0],) + tuple(frame.resolve(b) if b is not None else None for b in item[1:])
             if item[0] == "index":
                 starts.append(item[1])
                 ends.append(item[1] + 1)

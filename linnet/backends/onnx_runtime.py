@@ -214,7 +214,8 @@ class OnnxRuntime:
         self.providers = self.session(root).get_providers()
 
     def session(self, entry: str):
-        """The entry's session, opened once (threads calling at once share one)."""
+        """The entry's session (or a file's, named with its `.onnx`), opened once (threads
+        calling at once share one)."""
         import onnxruntime as ort
 
         session = self.sessions.get(entry)
@@ -222,10 +223,24 @@ class OnnxRuntime:
             with self._lock:
                 session = self.sessions.get(entry)
                 if session is None:
-                    session = ort.InferenceSession(str(self.folder / entry_file(entry)), sess_options=self.options,
+                    file = entry if entry.endswith(".onnx") else entry_file(entry)
+                    session = ort.InferenceSession(str(self.folder / file), sess_options=self.options,
                                                    providers=self._providers)
                     self.sessions[entry] = session
         return session
+
+    def decoder_steps(self):
+        """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
+        None where the export has none (not a decoder; bf16 on the CPU provider)."""
+        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps
+
+        if not (self.folder / STEP_FILE).exists():
+            return None
+        for file in (PREFILL_FILE, STEP_FILE):
+            self.session(file)
+        layers = self.program.entries["decode"].inputs[1][1].dims[0].as_int() - 1
+        device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
+        return PastKeyValueSteps(self.sessions[PREFILL_FILE], self.sessions[STEP_FILE], layers, device)
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
         session = self.session(entry)
@@ -265,6 +280,24 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
         for entry in model_file.entries:
             onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
         model_file.model = None
+    if has_decoder_entries(ctx.program) and bf16_compute == "native":
+        from .onnx_decoder import write_decoder_models
+
+        def share(model, path: Path, data: str) -> Path:
+            digests = _point_at_written(model, written)
+            onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+                      size_threshold=1024)
+            _remember_written(model, digests, written)
+            onnx.checker.check_model(str(path), full_check=True)
+            return path
+
+        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share)
+
+
+def has_decoder_entries(program) -> bool:
+    """Whether the program generates (prefill, decode, next_logits), so the runtime's export
+    also holds the optimum-style graphs of linnet/backends/onnx_decoder.py."""
+    return all(e in program.entries for e in ("prefill", "decode", "next_logits"))
 
 
 def _point_at_written(model, written: dict) -> dict:

@@ -18,7 +18,7 @@ from typing import Callable
 from .. import __version__, dtypes
 from ..middle import ir
 from ..diagnostics import InternalError
-from ..dims import DimExpr
+from ..dims import DimExpr, sym
 from ..ops import Emissions
 from ..paths import source_label
 
@@ -383,7 +383,10 @@ class PyWriter:
                     into, var = py_name(collect.into), py_name(collect.var)
                     out.append(f"{pad}{into} = [{var}]{where}")
                 # Unrolled when traced or run: one pass of the body per element of the sub array.
-                out.append(f"{pad}for {py_name(stmt.var)} in {self._loop_source(stmt.member)}:{where}")
+                source, target = self._loop_source(stmt.member), py_name(stmt.var)
+                if stmt.index is not None:  # the pass number, a Python int in the dims' expressions
+                    source, target = f"enumerate({source})", f"{py_dim(sym(stmt.index))}, {target}"
+                out.append(f"{pad}for {target} in {source}:{where}")
                 out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}), depth + 1)
                 if collect is not None:
                     out.append(f"{pad}    {into}.append({var}){where}")

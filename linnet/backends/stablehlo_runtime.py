@@ -42,6 +42,9 @@ _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.g
 
 class StableHloRuntime:
     backend = "stablehlo"
+    #: each exported StableHLO program compiles once per input shape, so generate keeps the cache one length
+    #: (linnet/nest/generate.py's WindowSteps) rather than compiling a step per position.
+    compiles_per_shape = True
 
     def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None):
         import jax

@@ -101,7 +101,7 @@ class Local:
     type: Type
     mutable: bool
     span: Span
-    kind: str = "let"  # "let", "var", "param", "loop" (static for) or "some" (if let), for messages
+    kind: str = "let"  # "let", "var", "param", "loop" (static for), "index" (its pass number) or "some" (if let)
 
 
 @dataclass

@@ -22,8 +22,20 @@ from .type_syntax import OPS_ON_DIMS, resolve_dtype_arg
 
 def check_expr(node: ast.Expr, ctx: BodyContext) -> Type:
     t = _EXPRESSION_CHECKS[type(node)](node, ctx)
+    if isinstance(t, TensorT) and t.rank is not None:
+        _refuse_pass_dependent_shape(node, t, ctx)
     ctx.checker.types[id(node)] = t
     return t
+
+
+def _refuse_pass_dependent_shape(node: ast.Expr, t: TensorT, ctx: BodyContext) -> None:
+    """An unrolled loop's passes share one body, so a value's shape may not change from one
+    pass to the next: `rows[i:]` has Layers - i rows, a different type in each pass."""
+    for dim in t.dims:
+        if isinstance(dim, DimExpr) and _pass_numbers(dim, ctx):
+            fail(codes.SHAPE_FROM_PASS_NUMBER, f"this value's shape {t} depends on the pass number, which every "
+                 "pass of a `static for` must agree on", node.span, _pass_note(dim, ctx),
+                 Note("index with the pass number, or slice a fixed length: `x[i:i + 1]`"))
 
 
 def _check_int_lit(node: ast.IntLit, ctx: BodyContext) -> Type:
@@ -57,7 +69,8 @@ def check_name(node: ast.Name, ctx: BodyContext) -> Type:
     checker = ctx.checker
     local = ctx.lookup(node.name)
     if local is not None:
-        checker.names[id(node)] = NameInfo("local", node.name)
+        # A `static for` pass number is a dim, lowered as the number of the pass.
+        checker.names[id(node)] = NameInfo("index" if local.kind == "index" else "local", node.name)
         return local.type
     block = ctx.sig.block
     if block is not None and node.name in block.params:
@@ -173,6 +186,20 @@ def _check_index_value(node: ast.Expr, dim: DimExpr, ctx: BodyContext) -> None:
     bound = index + dim if value is not None and value < 0 else index
     if ctx.facts.decide(bound, "<", dim) is False or ctx.facts.decide(bound, ">=", const(0)) is False:
         fail(codes.INDEX_OUT_OF_BOUNDS, f"index {index} is out of bounds for a dim of size {dim}", node.span)
+    if _pass_numbers(index, ctx) and not (ctx.facts.decide(bound, "<", dim) and ctx.facts.decide(bound, ">=", const(0))):
+        fail(codes.INDEX_OUT_OF_BOUNDS, f"index {index} is not proven in bounds for a dim of size {dim} in every pass",
+             node.span, _pass_note(index, ctx))
+
+
+def _pass_numbers(expr: DimExpr, ctx: BodyContext) -> list[str]:
+    """The `static for` pass numbers `expr` mentions. An index or slice that depends on one must
+    be proven in bounds, not merely not disproven: the unrolled loop runs every value."""
+    return sorted(n for n in expr.free_symbols() if (local := ctx.lookup(n)) is not None and local.kind == "index")
+
+
+def _pass_note(expr: DimExpr, ctx: BodyContext) -> Note:
+    names = _pass_numbers(expr, ctx)
+    return Note(f"{', '.join(f'`{n}`' for n in names)} runs from 0 to the loop's length - 1", ctx.lookup(names[0]).span)
 
 
 def _slice_dim(node: ast.Slice, dim: DimExpr, ctx: BodyContext) -> DimExpr:
@@ -182,8 +209,10 @@ def _slice_dim(node: ast.Slice, dim: DimExpr, ctx: BodyContext) -> DimExpr:
     # (Without this, `x[-2:]` of a dim 4 had size 6 and `x[:-1]` was rejected.)
     lo = start + dim if (start.as_int() or 0) < 0 else start
     hi = stop + dim if (stop.as_int() or 0) < 0 else stop
+    unproven = bool(_pass_numbers(lo, ctx) or _pass_numbers(hi, ctx)) and not (
+        ctx.facts.decide(lo, ">=", const(0)) and ctx.facts.decide(hi, "<=", dim) and ctx.facts.decide(lo, "<=", hi))
     if (ctx.facts.decide(lo, "<", const(0)) or ctx.facts.decide(hi, ">", dim)
-            or ctx.facts.decide(lo, ">", hi)):
+            or ctx.facts.decide(lo, ">", hi) or unproven):
         written = f"{start if node.start is not None else ''}:{stop if node.stop is not None else ''}"
         fail(codes.INDEX_OUT_OF_BOUNDS, f"slice {written} does not fit a dim of size {dim}", node.span,
              Note(f"a slice a:b needs 0 <= a <= b <= {dim} (negative bounds count from the end)"))

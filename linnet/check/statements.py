@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..front import ast
 from .. import codes
 from ..diagnostics import Diagnostic, Note, Span
-from ..dims import DimExpr, const
-from ..types import ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type
+from ..dims import DimExpr, const, sym
+from ..types import DimT, ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type
 from .core import BodyContext, Checker, Failure, Local, fail, silent
 from .expressions import check_expr, check_name
 from .obligations import broadcasts_of, expect_same, mismatch
@@ -128,12 +128,21 @@ def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
         except Failure as failure:  # reported; the body is still checked
             ctx.checker.record(failure)
     element = member[0].element
-    ctx.locals.append({stmt.var: Local(SubT(element.block, element.bindings, stmt.var), False,
-                                       stmt.var_span or stmt.span, "loop")})
+    scope = {stmt.var: Local(SubT(element.block, element.bindings, stmt.var), False, stmt.var_span or stmt.span,
+                             "loop")}
+    facts = ctx.facts
+    if stmt.index is not None:
+        scope[stmt.index] = _index_local(stmt, ctx)
+        # What the body may rely on: 0 <= index < the array's length (so `cache[i + 1]` of an
+        # axis `Layers + 1` is proven in bounds).
+        index = sym(stmt.index)
+        ctx.facts = facts.with_fact(index, ">=", const(0)).with_fact(index + const(1), "<=", member[0].count)
+    ctx.locals.append(scope)
     try:
         _check_stmts(stmt.body, ctx)
     finally:
         ctx.locals.pop()
+        ctx.facts = facts
     # Any `return` in the body, also one inside an `if let` that returns on one branch only,
     # and pointed at itself rather than at the whole loop.
     ret = _first_return(stmt.body)
@@ -144,6 +153,17 @@ def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
     if collect is not None:
         _bind_collection(stmt, member[0].count, collected, ctx)
     return False
+
+
+def _index_local(stmt: ast.StaticFor, ctx: BodyContext) -> Local:
+    """The pass number of `static for i, x in enumerate(xs)`: a dim of its own name, which must
+    not be a generic of the function already (the two would be one symbol to the checker)."""
+    if stmt.index == stmt.var:
+        fail(codes.DUPLICATE_NAME, f"`{stmt.index}` names both the pass number and the sub-block", stmt.index_span)
+    if stmt.index in ctx.sig.scope or ctx.lookup(stmt.index) is not None:
+        fail(codes.DUPLICATE_NAME, f"`{stmt.index}` is already bound here; name the pass number differently",
+             stmt.index_span)
+    return Local(DimT(sym(stmt.index)), False, stmt.index_span, "index")
 
 
 def _collected_type(stmt: ast.StaticFor, ctx: BodyContext) -> Type:

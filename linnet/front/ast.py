@@ -248,7 +248,9 @@ class StaticFor:
     """`static for layer in layers { ... }`: unrolled over a sub-block array.
 
     With `collect` (`let states = static for layer in layers collect x { ... }`) it also
-    binds `states`: the value of `x` as the loop starts, then after each pass, stacked."""
+    binds `states`: the value of `x` as the loop starts, then after each pass, stacked.
+    With `enumerate` (`static for i, layer in enumerate(layers)`) `index` names the pass
+    number, a dim from 0 to the array's length - 1."""
 
     var: str
     iterable: str
@@ -257,6 +259,8 @@ class StaticFor:
     iterable_span: Span
     var_span: Span | None = None  # the loop variable's name
     collect: Collect | None = None
+    index: str | None = None
+    index_span: Span | None = None
 
 
 @dataclass(eq=False)

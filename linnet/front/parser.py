@@ -410,16 +410,28 @@ class _ToAst(Transformer):
     def return_stmt(self, meta, children):
         return ast.Return(children[0], self._s(meta))
 
+    def loop_head(self, meta, children):
+        var, iterable = children
+        return None, var, iterable
+
+    def enumerate_head(self, meta, children):
+        index, var, iterable = children
+        return index, var, iterable
+
     def for_stmt(self, meta, children):
-        var, iterable, (_, body) = children
-        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var))
+        (index, var, iterable), (_, body) = children
+        return self._static_for(meta, index, var, iterable, body, None)
 
     def collect_stmt(self, meta, children):
-        into, *annotation, var, iterable, collected, (_, body) = children
+        into, *annotation, (index, var, iterable), collected, (_, body) = children
         collect = ast.Collect(str(into), self._t(into), ast.Name(str(collected), self._t(collected)),
                               annotation[0] if annotation else None)
-        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var),
-                             collect)
+        return self._static_for(meta, index, var, iterable, body, collect)
+
+    def _static_for(self, meta, index, var, iterable, body, collect):
+        return ast.StaticFor(str(var), str(iterable), body, self._s(meta), self._t(iterable), self._t(var), collect,
+                             str(index) if index is not None else None,
+                             self._t(index) if index is not None else None)
 
     def if_some_stmt(self, meta, children):
         binding, option, (_, then_body), *rest = children

@@ -149,13 +149,16 @@ class Collect:
 
 @dataclass(frozen=True)
 class Loop:
-    """`static for var in member { body }` over a sub-block array of the function's block."""
+    """`static for var in member { body }` over a sub-block array of the function's block.
+    `index`, when the loop enumerates, names the dim symbol that is the pass number (0, 1, ...)
+    in the body's index expressions."""
 
     var: str
     member: str
     body: tuple["Stmt", ...]
     line: int
     collect: Collect | None = None
+    index: str | None = None
 
 
 Stmt = Union[Let, Assign, Return, Loop]

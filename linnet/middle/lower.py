@@ -286,16 +286,33 @@ class Lowerer:
         saved = scope.enter()
         var = scope.bind(stmt.var)
         scope.loop_vars[stmt.var] = (var, stmt.iterable)
+        index = self._bind_index(stmt, scope)
         body = tuple(self._stmts(stmt.body, scope))
         scope.leave(saved)
+        if index is not None:
+            # The pass number is the loop's own, not a dim read from the inputs' shapes.
+            del scope.env[stmt.index]
+            scope.used_dims.discard(index)
         if collect is None:
-            return ir.Loop(var, stmt.iterable, body, stmt.span.line)
+            return ir.Loop(var, stmt.iterable, body, stmt.span.line, index=index)
         values = self._tensor_type(collect.var, scope)
         passes = len(scope.block.children[stmt.iterable])
         stacked = ir.TensorType((const(passes + 1),) + values.dims, values.dtype)
         scope.names[collect.into] = into
         return ir.Loop(var, stmt.iterable, body, stmt.span.line,
-                       ir.Collect(into, scope.names[collect.var.name], stacked))
+                       ir.Collect(into, scope.names[collect.var.name], stacked), index)
+
+    @staticmethod
+    def _bind_index(stmt: ast.StaticFor, scope: _Scope) -> str | None:
+        """`i` of `static for i, x in enumerate(xs)`: a Python-safe local name, and the dim `i`
+        of the checked types rewritten to a symbol of that name, which each backend binds to
+        the number of the pass."""
+        if stmt.index is None:
+            return None
+        index = scope.bind(stmt.index)
+        scope.names[stmt.index] = index  # taken, so no local of the body is emitted under it
+        scope.env[stmt.index] = sym(index)
+        return index
 
     # ----------------------------------------------------------- expressions
     def _type_of(self, node, scope: _Scope) -> Type:
@@ -323,7 +340,7 @@ class Lowerer:
             return ir.Ref(scope.names.get(node.name, node.name), _concrete(t, {}))
         if info.kind == "param":
             return ir.ParamRef(node.name, _concrete(t, {}))
-        if info.kind == "dim":
+        if info.kind in ("dim", "index"):
             return self._dim(t.expr, scope)
         if info.kind == "real":
             return ir.Scalar(float(scope.env[node.name]), _concrete(t, {}))
@@ -517,7 +534,7 @@ def _declared_names(stmts: list[ast.Stmt]) -> set[str]:
         if isinstance(stmt, ast.Let):
             names.add(stmt.name)
         elif isinstance(stmt, ast.StaticFor):
-            names |= {stmt.var} | _declared_names(stmt.body)
+            names |= {stmt.var} | _declared_names(stmt.body) | ({stmt.index} if stmt.index else set())
             if stmt.collect is not None:
                 names.add(stmt.collect.into)
         elif isinstance(stmt, ast.IfSome):

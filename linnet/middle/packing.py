@@ -233,7 +233,7 @@ class _Body:
             axes = None if var.axes is None else (var.axes[0] + 1, var.axes[1] + 1)
             env[collect.into] = replace(var, axes=axes)
             collect = ir.Collect(collect.into, collect.var, t)
-        return ir.Loop(loop.var, loop.member, tuple(body), loop.line, collect)
+        return ir.Loop(loop.var, loop.member, tuple(body), loop.line, collect, loop.index)
 
     # ---------------------------------------------------------- conversions
     def to_padded(self, new, form: Form, padded: ir.TensorType, line: int):

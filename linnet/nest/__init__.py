@@ -137,11 +137,16 @@ class Model:
         return tuple(f for f in FIELDS if f in taken) if "tokens" in taken else FIELDS
 
     def run(self, entry: str, *args, **kwargs):
+        return self.runtime.run(entry, self.validate(entry, *args, **kwargs))
+
+    def validate(self, entry: str, *args, **kwargs) -> list:
+        """The inputs `entry` would run on, checked against its signature (shapes, dtypes,
+        preconditions, ids inside a table) without running it."""
         if entry not in self._validators:
             raise LinnetError(Diagnostic(codes.UNKNOWN_MODEL_ENTRY, f"{self.manifest.name} has no entry `{entry}`; "
                                          f"entries: {', '.join(self.entries)}"))
         inputs, _ = self._validators[entry](args, kwargs)
-        return self.runtime.run(entry, inputs)
+        return inputs
 
     def __call__(self, *args, **kwargs):
         return self.run(self.manifest.source.entry, *args, **kwargs)

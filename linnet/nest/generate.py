@@ -6,6 +6,9 @@ the scores for the token after its last position, and `decode(token, cache, atte
 the cache one position longer.  The loop here is the same on every backend: it runs those
 entries through the model's own validated `run`, so each step is checked against the
 entry's signature (a cache of the wrong shape, an id outside the vocabulary) before compute.
+A runtime may step on its own instead (`decoder_steps()`: ONNX Runtime runs optimum-style
+graphs with a key and a value per layer, `linnet/backends/onnx_decoder.py`); the prompt is
+still validated against `prefill` first.
 
 Choosing a token follows transformers' `generate`: greedy is the first maximum of the logits;
 sampling divides by `temperature`, keeps the `top_k` largest, then the smallest set whose
@@ -43,10 +46,10 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
     choose = _sampler(do_sample, temperature, top_k, top_p, seed)
     out = [tokens]
     finished = np.zeros(tokens.shape[0], bool)
-    cache = model.prefill(tokens, attention_mask=mask) if max_new_tokens else None
+    steps = _steps(model, tokens, mask, max_new_tokens) if max_new_tokens else None
+    logits = steps.start(tokens, mask) if steps else None
     for step in range(max_new_tokens):
-        logits = np.asarray(_numpy(model.next_logits(cache)), np.float32)
-        token = choose(logits)
+        token = choose(np.asarray(logits, np.float32))
         if eos_token_id is not None:
             token = np.where(finished, eos_token_id, token)
             finished |= token == eos_token_id
@@ -54,8 +57,68 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
         mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
         if finished.all() or step == max_new_tokens - 1:
             break
-        cache = model.decode(token[:, None], cache, attention_mask=mask)
+        logits = steps.step(token[:, None], mask)
     return np.concatenate(out, axis=1)
+
+
+class EntrySteps:
+    """The loop's two calls on the model's own entries, each validated against its signature:
+    `start` runs `prefill` and returns the next token's scores [B, Vocab], `step` extends the
+    cache with `decode`. The cache stays in the backend's array type between steps."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = None
+
+    def start(self, tokens, mask):
+        self.cache = self.model.prefill(tokens, attention_mask=mask)
+        return _numpy(self.model.next_logits(self.cache))
+
+    def step(self, token, mask):
+        self.cache = self.model.decode(token, self.cache, attention_mask=mask)
+        return _numpy(self.model.next_logits(self.cache))
+
+
+class WindowSteps(EntrySteps):
+    """The entries on a cache of one length throughout, for runtimes that compile per shape
+    (JAX, StableHLO): the prompt is left-padded (mask 0) to `total - 1` positions, and after
+    each `decode` the oldest position, always padding, is dropped. Padding is never attended
+    to and positions count real tokens only, so the scores are those of the growing cache,
+    and `prefill`, `decode` and `next_logits` each compile once per generate shape."""
+
+    def __init__(self, model, total: int):
+        super().__init__(model)
+        self.total = total  # prompt plus new tokens
+
+    def start(self, tokens, mask):
+        pad = self.total - 1 - tokens.shape[1]
+        return super().start(_left_pad(tokens, pad), _left_pad(mask, pad))
+
+    def step(self, token, mask):
+        # The loop's mask covers the real history; the window's first positions are padding.
+        window = _left_pad(mask, self.total - mask.shape[1])
+        self.cache = self.model.decode(token, self.cache, attention_mask=window)[:, :, :, :, 1:]
+        return _numpy(self.model.next_logits(self.cache))
+
+
+def _left_pad(array: np.ndarray, width: int) -> np.ndarray:
+    """`width` columns of zeros (padding, or token id 0 under a zero mask) on the left."""
+    return np.concatenate([np.zeros((array.shape[0], width), array.dtype), array], axis=1)
+
+
+def _steps(model, tokens: np.ndarray, mask: np.ndarray, new: int):
+    """A runtime's own stepping where it has one (ONNX Runtime: the per-layer past-key-value
+    graphs with IOBinding), else the entries. The prompt is validated against `prefill`'s
+    signature first either way (ids inside the vocabulary), so bad input fails before compute."""
+    own = getattr(model.runtime, "decoder_steps", None)
+    steps = own() if own is not None else None
+    if steps is None and getattr(model.runtime, "compiles_per_shape", False) and new > 1:
+        model.validate("prefill", tokens, attention_mask=mask)  # before the padding, so errors name the prompt
+        return WindowSteps(model, tokens.shape[1] + new)
+    if steps is None:
+        return EntrySteps(model)
+    model.validate("prefill", tokens, attention_mask=mask)
+    return steps
 
 
 def _as_batch(value) -> np.ndarray:

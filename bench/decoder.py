@@ -1,0 +1,236 @@
+"""The decoder bench: GPT-2's prefill and greedy decoding on Linnet's backends against transformers.
+
+    python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128]
+                            [--weights DIR] [--quick] [--out FILE]
+
+Weights: a full-size synthetic GPT-2 (openai-community/gpt2's config, random weights, written
+by transformers' own `save_pretrained` through tests/fixtures/gpt2.py) made once in the bench
+cache, unless `--weights` names a folder holding config.json and model.safetensors (a real
+checkpoint, or the tests' tiny one). transformers and every Linnet backend load the same files.
+
+Two measurements per method, B=1, in interleaved rounds (every method once per round, in a
+fixed order, so drift of the machine hits all alike), medians over rounds:
+
+* prefill: one prompt of `--seq` tokens to the first new token's scores and the cache
+  (transformers: the model's forward with `use_cache=True, logits_to_keep=1`, what its
+  generate runs first; Linnet: the steps `generate` runs, `prefill` and `next_logits`, or the
+  ONNX Runtime decoder graph), median of `--prefill-iters` calls;
+* decode: greedy generate of `--new-tokens` tokens (no early stop) from the same prompt;
+  decode tokens/s = (new tokens - 1) / (generate's time - that method's prefill median).
+
+Each Linnet method's tokens are compared with transformers' (`same_tokens`). Ratios against
+transformers are printed and written: `decode_speedup` (tokens/s over transformers', target
+>= 1.5 on the best backend) and `prefill_ratio` (time over transformers', target <= 1.0).
+Numbers on a shared machine are rough; the lead runs the bench on a quiet one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .weights import REPO_ROOT, bench_cache
+
+#: openai-community/gpt2's config.json sizes (the synthetic checkpoint's shape).
+GPT2_CONFIG = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                   bos_token_id=50256, eos_token_id=50256)
+REFERENCE = "transformers-generate"
+
+
+def _fixtures():
+    tests = str(REPO_ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from fixtures import gpt2
+
+    return gpt2
+
+
+def synthetic_gpt2() -> Path:
+    """The full-size synthetic checkpoint's folder, written once (about 500 MB)."""
+    folder = bench_cache() / "gpt2-synthetic"
+    done = folder / ".bench-complete"
+    if not done.exists():
+        _fixtures().save_gpt2(folder, seed=0, **GPT2_CONFIG)
+        done.write_text("written by bench.decoder\n")
+    return folder
+
+
+def linnet_entry(weights: Path) -> Path:
+    """A zoo entry over nest/gpt2's source at the checkpoint's sizes (from its config.json)."""
+    config = json.loads((weights / "config.json").read_text())
+    keys = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
+    sizes = {k: config[k] for k in keys if config.get(k) is not None}
+    return _fixtures().write_tiny_entry(bench_cache() / "entries" / weights.name, sizes, name="bench-gpt2")
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+class Transformers:
+    key = REFERENCE
+
+    def __init__(self, weights: Path):
+        import torch
+        from transformers import GPT2LMHeadModel
+
+        self.torch = torch
+        self.model = GPT2LMHeadModel.from_pretrained(weights, dtype=torch.float32).eval()
+        self.eos = self.model.config.eos_token_id
+
+    def prefill(self, tokens: np.ndarray):
+        with self.torch.inference_mode():
+            out = self.model(self.torch.from_numpy(tokens), attention_mask=self.torch.ones_like(
+                self.torch.from_numpy(tokens)), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].numpy()
+
+    def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
+        t = self.torch.from_numpy(tokens)
+        with self.torch.inference_mode():
+            return self.model.generate(t, attention_mask=self.torch.ones_like(t), max_new_tokens=new,
+                                       min_new_tokens=new, do_sample=False, pad_token_id=self.eos).numpy()
+
+
+class Linnet:
+    backend = ""
+
+    def __init__(self, weights: Path):
+        from linnet import nest
+        from linnet.nest.generate import _steps
+
+        options = {"kernels": "default"} if self.backend == "torch" else {}
+        self.model = nest.load(linnet_entry(weights), backend=self.backend,
+                               weights=weights / "model.safetensors", **options)
+        self._steps = _steps
+
+    def prefill(self, tokens: np.ndarray):
+        mask = np.ones_like(tokens)
+        # What generate runs first on this backend, over the prompt's own length (JAX's fixed
+        # window would pad it by the new tokens; one new token asks for no window).
+        return np.asarray(self._steps(self.model, tokens, mask, 1).start(tokens, mask))
+
+    def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
+        return self.model.generate(tokens, new, eos_token_id=None)
+
+
+def _linnet(backend: str):
+    return type(f"Linnet_{backend}", (Linnet,), {"key": f"linnet-{backend}", "backend": backend})
+
+
+ALL = [Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
+BY_KEY = {m.key: m for m in ALL}
+
+
+# ------------------------------------------------------------------------- measuring
+
+
+def prompt(seq: int, vocab: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab - 1, (1, seq)).astype(np.int64)
+
+
+def _timed(call):
+    started = time.perf_counter()
+    value = call()
+    return time.perf_counter() - started, value
+
+
+def run(keys: list[str], weights: Path, *, seq: int, new: int, rounds: int, prefill_iters: int) -> dict:
+    vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
+    tokens = prompt(seq, vocab)
+    methods, results = {}, {}
+    for key in keys:
+        try:
+            load_s, methods[key] = _timed(lambda: BY_KEY[key](weights))
+            # Warm-up at the timed shapes: compilation (JAX's window is prompt + new tokens long),
+            # session start, first allocation.
+            methods[key].generate(tokens, new)
+            methods[key].prefill(tokens)
+            results[key] = {"load_s": load_s, "prefill_s": [], "generate_s": [], "error": None}
+        except Exception as exc:  # one method failing must not take the others with it
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+    outputs = {}
+    for _ in range(rounds):
+        for key, method in methods.items():
+            if results[key]["error"]:
+                continue
+            try:
+                times = [_timed(lambda: method.prefill(tokens))[0] for _ in range(prefill_iters)]
+                results[key]["prefill_s"].append(statistics.median(times))
+                elapsed, outputs[key] = _timed(lambda: method.generate(tokens, new))
+                results[key]["generate_s"].append(elapsed)
+            except Exception as exc:
+                results[key]["error"] = f"{type(exc).__name__}: {exc}"
+    return summarise(results, outputs, new)
+
+
+def summarise(results: dict, outputs: dict, new: int) -> dict:
+    methods = {}
+    for key, r in results.items():
+        if r["error"] or not r.get("generate_s"):
+            methods[key] = {"error": r["error"] or "no rounds ran"}
+            continue
+        prefill = statistics.median(r["prefill_s"])
+        generate = statistics.median(r["generate_s"])
+        decode_s = max(generate - prefill, 1e-9)
+        methods[key] = {"load_s": r["load_s"], "prefill_ms": 1e3 * prefill, "generate_s": generate,
+                        "decode_tokens_per_s": (new - 1) / decode_s, "error": None}
+        if REFERENCE in outputs and key in outputs:
+            methods[key]["same_tokens"] = bool(np.array_equal(outputs[key], outputs[REFERENCE]))
+    ref = methods.get(REFERENCE, {})
+    for m in methods.values():
+        if m.get("error") is None and ref.get("error") is None and ref:
+            m["decode_speedup"] = m["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+            m["prefill_ratio"] = m["prefill_ms"] / ref["prefill_ms"]
+    return {"methods": methods, "reference": REFERENCE}
+
+
+def print_ratios(result: dict) -> None:
+    for key, m in result["methods"].items():
+        if m.get("error"):
+            print(f"{key:24s} error: {m['error']}", file=sys.stderr)
+            continue
+        ratios = (f"  decode x{m['decode_speedup']:.2f}  prefill x{m['prefill_ratio']:.2f}"
+                  if "decode_speedup" in m else "")
+        same = "" if "same_tokens" not in m else f"  same tokens: {m['same_tokens']}"
+        print(f"{key:24s} prefill {m['prefill_ms']:8.1f} ms  decode {m['decode_tokens_per_s']:7.1f} tok/s"
+              f"{ratios}{same}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.decoder", description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", default=",".join(BY_KEY), help="comma-separated keys: " + ", ".join(BY_KEY))
+    parser.add_argument("--weights", type=Path, help="a folder with config.json and model.safetensors")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prefill-iters", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="1 round, 1 prefill call (a smoke run)")
+    parser.add_argument("--out", type=Path, help="write the JSON here as well as printing it")
+    args = parser.parse_args(argv)
+    keys = [k for k in args.methods.split(",") if k]
+    unknown = [k for k in keys if k not in BY_KEY]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; known: {', '.join(BY_KEY)}")
+    if REFERENCE not in keys:
+        keys.insert(0, REFERENCE)  # the ratios need it
+    weights = args.weights or synthetic_gpt2()
+    rounds, iters = (1, 1) if args.quick else (args.rounds, args.prefill_iters)
+    result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
+    result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
+                          "prefill_iters": iters, "weights": str(weights),
+                          "synthetic": args.weights is None}
+    print_ratios(result)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""A decoder's ONNX graphs in the form optimum exports them: a key and a value per layer.
+
+Linnet's decoder entries (`prefill`, `decode`, `next_logits`; GPT-2's in
+`nest/gpt2/src/lib.linnet`) keep one typed cache `[Layers + 1, 2, B, Heads, P, Dh]`. Tools
+built around ONNX decoders (optimum, onnxruntime-genai, hand-written serving loops) expect
+instead, per layer `i`, `past_key_values.{i}.key` / `.value` `[B, Heads, P, Dh]` in and
+`present.{i}.key` / `.value` `[B, Heads, P + 1, Dh]` out, beside `input_ids`,
+`attention_mask` (int64) and `logits`. This module emits two such graphs from the same
+lowered program, weights included, with one `GraphEmitter` each:
+
+* `decoder_model` (prefill): `input_ids [B, S]`, `attention_mask [B, S]` ->
+  `logits [B, 1, Vocab]`, `present.{i}.key/value [B, Heads, S, Dh]`;
+* `decoder_with_past_model` (one step): `input_ids [B, 1]`, `attention_mask [B, P + 1]`,
+  `past_key_values.{i}.key/value [B, Heads, P, Dh]` -> `logits [B, 1, Vocab]`, `present.*`.
+
+`logits` holds the scores of the last position only (what a generate loop reads; optimum's
+prefill returns every position, which costs an [S, Vocab] matmul that generate discards).
+No `position_ids` input: the entries count positions from `attention_mask`, as transformers'
+generate does for left padding. Inside, the per-layer inputs are stacked into the cache with
+slot 0 (the residual stream, which only the step's own new position is read from) zero, the
+entry runs, and each layer's key and value are sliced out of its result.
+"""
+from __future__ import annotations
+
+from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, elem_type
+from ..middle import ir
+
+#: optimum's file names for the two graphs.
+PREFILL_FILE, STEP_FILE = "decoder_model.onnx", "decoder_with_past_model.onnx"
+
+
+def past_names(layers: int) -> list[str]:
+    """The per-layer cache inputs, in the order optimum lists them."""
+    return [f"past_key_values.{i}.{part}" for i in range(layers) for part in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    return [f"present.{i}.{part}" for i in range(layers) for part in ("key", "value")]
+
+
+def decoder_models(program: ir.Program, tensors: dict, name: str) -> dict[str, object]:
+    """{file name: onnx.ModelProto} for the prefill and the one-step graph."""
+    return {PREFILL_FILE: _emit(program, tensors, name, past=False),
+            STEP_FILE: _emit(program, tensors, name, past=True)}
+
+
+def _cache_type(program: ir.Program) -> ir.TensorType:
+    return program.entries["decode"].inputs[1][1]  # [Layers + 1, 2, B, Heads, P, Dh]
+
+
+def _emit(program: ir.Program, tensors: dict, name: str, past: bool):
+    from onnx import TensorProto, helper
+
+    cache_t = _cache_type(program)
+    layers = cache_t.dims[0].as_int() - 1
+    float_type = elem_type(cache_t.dtype)
+    em = GraphEmitter(program, tensors)
+    entry = program.entries["decode" if past else "prefill"]
+    scope, doc = ("decode", "one step with a per-layer cache") if past else ("prefill", "the prompt")
+    ids_dims = ["B", 1] if past else ["B", "S"]
+    mask_dims = ["B", "P + 1"] if past else ["B", "S"]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ids_dims),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, mask_dims)]
+    for input_name in ("input_ids", "attention_mask"):
+        em.reserve(input_name)
+        em.types[input_name] = TensorProto.INT64
+    i32 = elem_type("i32")
+    token = em.node("Cast", ["input_ids"], i32, scope=scope, doc="the token ids as the entry takes them", to=i32)
+    mask = em.node("Cast", ["attention_mask"], i32, scope=scope, doc="the mask as the entry takes it", to=i32)
+    kv_dims = ["B", cache_t.dims[3].as_int(), "P", cache_t.dims[5].as_int()]
+    if past:
+        for past_name in past_names(layers):
+            em.reserve(past_name)
+            em.types[past_name] = float_type
+            inputs.append(helper.make_tensor_value_info(past_name, float_type, kv_dims))
+        args = [token, _stacked_cache(em, layers, float_type), mask]
+    else:
+        args = [token, mask]
+    params = [n for n, _ in entry.inputs]
+    # The entry's dims (B, S or P) read from the values it is called with.
+    em._dim_sources = {dim: (args[params.index(param)], axis) for dim, (param, axis) in entry.dim_sources.items()}
+    cache = em.call(entry.function, args, "")
+    # next_logits calls its cache's length P too: a new dim, read from this cache.
+    em._dims, em._dim_sources = {}, {"B": (cache, 2), "P": (cache, 4)}
+    scores = em.call(program.entries["next_logits"].function, [cache], "")
+    em.reserve("logits")
+    em.node("Unsqueeze", [scores, em.constant([1], "i64", (1,))], float_type, scope="logits",
+            doc="the last position's scores, [B, 1, Vocab]", output="logits")
+    vocab = program.entries["next_logits"].result.dims[1].as_int()
+    outputs = [helper.make_tensor_value_info("logits", float_type, ["B", 1, vocab])]
+    present_dims = ["B", kv_dims[1], "P + 1" if past else "S", kv_dims[3]]
+    for out_name, (layer, part) in zip(present_names(layers), ((i, p) for i in range(layers) for p in (0, 1))):
+        em.reserve(out_name)
+        _slot(em, cache, layer + 1, part, float_type, out_name)
+        outputs.append(helper.make_tensor_value_info(out_name, float_type, present_dims))
+    used = {i for node in em.nodes for i in node.input}
+    graph = helper.make_graph(em.nodes, f"{name}-{scope}", inputs, outputs,
+                              initializer=[t for t in em.initializers if t.name in used],
+                              doc_string=f"{name}: {doc}, inputs and outputs as optimum names them")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="linnet")
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _stacked_cache(em: GraphEmitter, layers: int, float_type: int) -> str:
+    """[Layers + 1, 2, B, Heads, P, Dh] from the per-layer inputs; slot 0 zeros (the entry only
+    carries the stream's past positions along; the new position's it computes)."""
+    doc = "the per-layer keys and values stacked as the entry's cache"
+    axes = em.constant([0, 1], "i64", (2,))
+    slots = []
+    for layer in range(layers):
+        key, value = (em.node("Unsqueeze", [f"past_key_values.{layer}.{part}", axes], float_type, scope="cache",
+                              doc=doc) for part in ("key", "value"))
+        slots.append(em.node("Concat", [key, value], float_type, scope="cache", doc=doc, axis=1))
+    from onnx import helper
+
+    shape = em.node("Shape", [slots[0]], elem_type("i64"), scope="cache", doc="one slot's shape")
+    zero = em.node("ConstantOfShape", [shape], float_type, scope="cache",
+                   doc="slot 0: the stream's past positions, which a step only carries along",
+                   value=helper.make_tensor("zero", float_type, [1], [0.0]))
+    return em.node("Concat", [zero] + slots, float_type, scope="cache", doc=doc, axis=0)
+
+
+def _slot(em: GraphEmitter, cache: str, slot: int, part: int, float_type: int, output: str) -> str:
+    doc = f"layer {slot - 1}'s {'keys' if part == 0 else 'values'}, [B, Heads, P, Dh]"
+    sliced = em.node("Slice", [cache, em.constant([slot, part], "i64", (2,)), em.constant([slot + 1, part + 1], "i64", (2,)),
+                               em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc)
+    return em.node("Squeeze", [sliced, em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc,
+                   output=output)
+
+
+# ------------------------------------------------------------------------ running them
+
+
+def write_decoder_models(program: ir.Program, tensors: dict, name: str, out_dir, share) -> list:
+    """Save both graphs into `out_dir`; `share(model, data_file)` saves one with its weights
+    pointing at bytes already written where they are the same (the runtime's weights file)."""
+    paths = []
+    for index, (file, model) in enumerate(decoder_models(program, tensors, name).items()):
+        paths.append(share(model, out_dir / file, f"decoder.{index}.bin"))
+    return paths
+
+
+class PastKeyValueSteps:
+    """generate's two calls on the optimum-style graphs, through IOBinding: each step's
+    `present.*` OrtValues are bound as the next step's `past_key_values.*` as they are, so
+    the cache never leaves ONNX Runtime's memory between steps."""
+
+    def __init__(self, prefill_session, step_session, layers: int, device: str = "cpu"):
+        self.prefill, self.one_step = prefill_session, step_session
+        self.past, self.present = past_names(layers), present_names(layers)
+        self.device = device
+        self._cache: list = []
+
+    def start(self, tokens, mask):
+        """The prompt's cache, kept; returns the next token's scores [B, Vocab] (numpy)."""
+        return self._run(self.prefill, tokens, mask, [])
+
+    def step(self, token, mask):
+        """One more token [B, 1] with the mask over every position so far."""
+        return self._run(self.one_step, token, mask, list(zip(self.past, self._cache)))
+
+    def _run(self, session, tokens, mask, past: list):
+        import numpy as np
+
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
+        for name, value in past:
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")  # read on the host each step; the cache stays on the device
+        for name in self.present:
+            binding.bind_output(name, self.device)
+        session.run_with_iobinding(binding)
+        logits, *self._cache = binding.get_outputs()
+        return logits.numpy()[:, 0]
