@@ -100,8 +100,7 @@ def triton_io(ctx, entries=None) -> TritonIO:
 
     Every entry becomes one output; the entries must take the same inputs, since they are
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
-    without it, entries that take labels after the first entry's inputs (the loss entries) are
-    left out.
+    without it, those `_served_by_default` (not the losses, not a decoder's cache steps).
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -154,7 +153,7 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     """The program's entries in program order, or those `entries` names (entry or output names)."""
     every = list(program.entries.values())
     if entries is None:
-        return [e for e in every if not _takes_labels_too(e, every[0])]
+        return [e for e in every if _served_by_default(e, every[0])]
     by_name = {}
     for entry in every:
         by_name[entry.name] = by_name[ctx.output_name(entry.name)] = entry
@@ -169,11 +168,15 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     return [e for e in every if id(e) in keep]
 
 
-def _takes_labels_too(entry: ir.Entry, first: ir.Entry) -> bool:
-    """An entry that takes the first entry's inputs and more after them: a training loss,
-    whose labels an inference client does not have. Served only when named in `entries`."""
-    n = len(first.inputs)
-    return len(entry.inputs) > n and entry.inputs[:n] == first.inputs
+def _served_by_default(entry: ir.Entry, first: ir.Entry) -> bool:
+    """An entry of the default set: it takes the first entry's inputs and its result starts
+    with their batch dim, so one batched model serves it beside the first.  Left out: training
+    losses (they take labels too, which an inference client does not have) and a decoder's
+    generation steps (GPT-2's `prefill` gives its cache with the layer dim first; `decode`
+    takes a cache).  Any entry is served when `entries` names it."""
+    lead = first.inputs[0][1].dims[0] if first.inputs and first.inputs[0][1].dims else None
+    dims = entry.result.dims
+    return entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
 
 
 # ---------------------------------------------------------------------- config
@@ -449,7 +452,8 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
     Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
     backend, one model).  Both validate every request.
-    entries: the entries (or their output names) to serve; None: all but the loss entries.
+    entries: the entries (or their output names) to serve; None: those that take the first
+    entry's inputs and give a batch-led result (not the losses, not a decoder's cache steps).
     options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
     max_queue_delay_us, instances, threads).
 
