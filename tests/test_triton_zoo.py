@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException
-
 from fixtures.gpt2 import write_synthetic_gpt2
 from fixtures.vit_checkpoints import write_synthetic_vit_base
+from test_triton import LAYOUTS, triton_tools  # noqa: F401 - the session's provisioned tools (a fixture)
+from tritonclient.utils import InferenceServerException
+
 from linnet import codes
 from linnet.diagnostics import LinnetError
 from linnet.nest import load, prepare
 from linnet.serving.triton import export_triton, layout_configs, triton_io
 from linnet.testing.triton_server import ServerError, TritonServer
-from test_triton import LAYOUTS, triton_tools  # noqa: F401 - the session's provisioned tools (a fixture)
 
 GPT2, VIT = "gpt2", "vit-base-patch16-224"
 BOUND = 1e-5
@@ -71,7 +71,7 @@ def server(request, tmp_path_factory, triton_tools, checkpoints):  # noqa: F811 
 
 @pytest.fixture
 def client(server):
-    import tritonclient.http as http
+    from tritonclient import http
 
     c = http.InferenceServerClient(server.http_url)
     yield c
@@ -79,7 +79,7 @@ def client(server):
 
 
 def infer(client, model: str, arrays: dict[str, np.ndarray], outputs: list[str]):
-    import tritonclient.http as http
+    from tritonclient import http
     from tritonclient.utils import np_to_triton_dtype
 
     inputs = []
