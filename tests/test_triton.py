@@ -158,7 +158,12 @@ def test_serving_options_reach_every_model_that_runs_work(runtime):
         threads = {k: v.string_value for k, v in config.parameters.items()}
         assert threads == ({"intra_op_thread_count": "2"} if config.platform == "onnxruntime_onnx" else {})
     plain = [parse_config(t) for t in layout_configs(triton_io(ctx), runtime=runtime).values()]
-    assert not any(c.instance_group or c.parameters for c in plain)  # Triton's and ONNX Runtime's defaults
+    plain = [c for c in plain if c.platform != "ensemble"]
+    # One instance per device unless asked (Triton would give ONNX Runtime two on a CPU), and
+    # ONNX Runtime's own thread count.
+    assert all([g.count for g in c.instance_group] == [1] and not c.parameters for c in plain)
+    unset = [parse_config(t) for t in layout_configs(triton_io(ctx), runtime=runtime, instances=None).values()]
+    assert not any(c.instance_group for c in unset)  # Triton's default
 
 
 def test_entry_set_to_serve():

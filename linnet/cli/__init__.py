@@ -249,9 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes Triton's dynamic batcher aims for, comma-separated")
     triton.add_argument("--max-queue-delay-us", type=int, default=0, metavar="US",
                         help="how long a request may wait to be batched with others (default 0: never)")
-    triton.add_argument("--instances", type=int, metavar="N",
-                        help="model instances per model (default: Triton's: one per GPU; on CPU two for "
-                             "the ONNX Runtime backend, one for the Python backend)")
+    triton.add_argument("--instances", type=int, default=1, metavar="N",
+                        help="model instances per device, one GPU or the CPU (default 1; Triton's own CPU "
+                             "default for ONNX Runtime, 2, oversubscribes the cores)")
     triton.add_argument("--threads", type=int, metavar="N",
                         help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's, one per core); "
                              "on CPU, instances x threads = cores serves most rows/s")

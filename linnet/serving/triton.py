@@ -228,8 +228,10 @@ class ServingOptions:
     max_batch_size: int = 8  # Triton's largest batch; 0: no batching, dims then keep the batch dim
     preferred_batch_sizes: tuple[int, ...] = ()  # batch sizes the dynamic batcher aims for
     max_queue_delay_us: int = 0  # how long a request may wait for others to batch with (0: never)
-    instances: int | None = None  # model instances; None: Triton's default (one per GPU; on CPU two for
-    # the ONNX Runtime backend, one for the Python backend)
+    #: Model instances per device (one per GPU, or on the CPU).  1, not Triton's default: on
+    #: CPU that is two ONNX Runtime instances at a thread per core each, twice the threads there
+    #: are cores.  None: leave instance_group out (Triton's default).
+    instances: int | None = 1
     #: ONNX Runtime's intra-op threads per instance (`intra_op_thread_count`); None: ONNX Runtime's
     #: default, one per core.  Instances x threads above the cores oversubscribe them (see docs/triton.md).
     threads: int | None = None
