@@ -14,6 +14,7 @@ recorded, the method is dropped from later phases, the other methods go on):
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,14 +492,27 @@ class TritonMethod(Method):
 
 class TritonLinnet(TritonMethod):
     """`export_triton` of the entry's `forward` alone (perf_analyzer asks for every output a
-    model has, so the repository serves the one output the bench compares)."""
+    model has, so the repository serves the one output the bench compares), with the CPU
+    serving settings docs/triton.md recommends: one single-threaded instance per core
+    (`--instances <cores> --threads 1`).  Triton's own CPU default, two instances of ONNX
+    Runtime at one thread per core each, oversubscribes the cores; the reference keeps it."""
+
+    def serving_options(self) -> dict:
+        if self.ctx.device != "cpu":
+            return {}
+        return {"instances": os.cpu_count() or 1, "threads": 1}
 
     def write_repository(self, repo: Path) -> str:
         from linnet.nest import prepare
         from linnet.serving.triton import export_triton
 
         ctx, _ = prepare(self.ctx.weights.model, weights=self.ctx.weights.linnet_weights)
-        export_triton(ctx, repo, runtime=self.runtime, entries=["forward"], max_batch_size=self.max_batch_size)
+        options = self.serving_options()
+        export_triton(ctx, repo, runtime=self.runtime, entries=["forward"], max_batch_size=self.max_batch_size,
+                      **options)
+        if options:
+            self.notes.append(f"export-triton --instances {options['instances']} --threads {options['threads']} "
+                              "(one single-threaded ONNX Runtime instance per core)")
         return ctx.name
 
 
@@ -515,7 +529,8 @@ class TritonLinnetOnnx(TritonLinnet):
 
 class TritonOnnx(TritonMethod):
     """The reference: transformers -> torch.onnx (the onnx-reference file) on Triton's ONNX
-    Runtime backend, one plain model, no validation."""
+    Runtime backend, one plain model, no validation, Triton's default scheduling (on CPU two
+    instances, ONNX Runtime's threads)."""
 
     key, name, kind = "triton-onnx", "Triton Inference Server (ONNX Runtime backend, transformers -> torch.onnx)", \
         "reference"

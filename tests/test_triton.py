@@ -145,7 +145,7 @@ def test_onnxruntime_layout_configs(name):
 def test_serving_options_reach_every_model_that_runs_work(runtime):
     ctx, _, _ = expected_io(MINILM, None, batched=True)
     configs = layout_configs(triton_io(ctx), runtime=runtime, max_batch_size=16, preferred_batch_sizes=(4, 16),
-                             max_queue_delay_us=250, instances=3)
+                             max_queue_delay_us=250, instances=3, threads=2)
     working = [parse_config(t) for t in configs.values()]
     working = [c for c in working if c.platform != "ensemble"]
     assert len(working) == (1 if runtime == "python" else 5)
@@ -153,8 +153,17 @@ def test_serving_options_reach_every_model_that_runs_work(runtime):
         assert list(config.dynamic_batching.preferred_batch_size) == [4, 16]
         assert config.dynamic_batching.max_queue_delay_microseconds == 250
         assert [g.count for g in config.instance_group] == [3]
-    plain = parse_config(config_text(triton_io(ctx), runtime=runtime))
-    assert not plain.instance_group  # Triton's default unless asked
+        # Threads are the ONNX Runtime backend's parameter; the Python backend's sessions read
+        # them from linnet_io.json (test_exported_python_layout).
+        threads = {k: v.string_value for k, v in config.parameters.items()}
+        assert threads == ({"intra_op_thread_count": "2"} if config.platform == "onnxruntime_onnx" else {})
+    plain = [parse_config(t) for t in layout_configs(triton_io(ctx), runtime=runtime).values()]
+    plain = [c for c in plain if c.platform != "ensemble"]
+    # One instance per device unless asked (Triton would give ONNX Runtime two on a CPU), and
+    # ONNX Runtime's own thread count.
+    assert all([g.count for g in c.instance_group] == [1] and not c.parameters for c in plain)
+    unset = [parse_config(t) for t in layout_configs(triton_io(ctx), runtime=runtime, instances=None).values()]
+    assert not any(c.instance_group for c in unset)  # Triton's default
 
 
 def test_entry_set_to_serve():
@@ -196,6 +205,8 @@ def test_bf16_config_and_python_runtime_refusal():
     ({"max_queue_delay_us": -5}, "E0840", "max_queue_delay_us"),
     ({"max_batch_size": 0, "max_queue_delay_us": 100}, "E0840", "max_batch_size > 0"),
     ({"instances": 0}, "E0840", "instances"),
+    ({"threads": 0}, "E0840", "threads must be a whole number >= 1"),
+    ({"threads": 1.5}, "E0840", "threads"),
 ])
 def test_bad_export_options(options, code, words):
     ctx, _ = prepare(MINILM, need_weights=False)
@@ -382,6 +393,26 @@ def test_model_py_dim_expressions(minilm_repos):
         module.dim_value("__import__('os')", {"S": 1})
 
 
+@pytest.mark.parametrize("threads", [None, 1])
+def test_model_py_sessions_take_the_exported_threads(minilm_repos, tmp_path, threads):
+    """The python layout's sessions use `--threads` intra-op threads (linnet_io.json), else ONNX
+    Runtime's default (0: one per core)."""
+    source = minilm_repos["python"] / "1"
+    version = tmp_path / MINILM / "1"
+    version.mkdir(parents=True)
+    for path in source.iterdir():  # links, not copies: only linnet_io.json differs
+        if path.name != "linnet_io.json":
+            (version / path.name).symlink_to(path)
+    spec = json.loads((source / "linnet_io.json").read_text())
+    assert spec["threads"] is None  # exported without --threads
+    (version / "linnet_io.json").write_text(json.dumps({**spec, "threads": threads}))
+    module, _ = _model_py(tmp_path / MINILM)
+    model = module.TritonPythonModel()
+    model.initialize({"model_repository": str(tmp_path / MINILM), "model_version": "1"})
+    session = model._session(["embedding"])
+    assert session.get_session_options().intra_op_num_threads == (threads or 0)
+
+
 def test_cli_export_triton(tmp_path, minilm_checkpoint, capsys):
     repo = tmp_path / "repo"
     assert main(["export-triton", MINILM, "-o", str(repo), "--max-batch-size", "4"]) == 0
@@ -402,13 +433,14 @@ def test_cli_export_triton(tmp_path, minilm_checkpoint, capsys):
 def test_cli_serving_options(tmp_path, minilm_checkpoint, capsys):
     repo = tmp_path / "repo"
     assert main(["export-triton", MINILM, "-o", str(repo), "--entries", "embed,pooled", "--max-batch-size", "16",
-                 "--preferred-batch-sizes", "8,16", "--max-queue-delay-us", "500", "--instances", "2"]) == 0
+                 "--preferred-batch-sizes", "8,16", "--max-queue-delay-us", "500", "--instances", "2", "--threads", "1"]) == 0
     capsys.readouterr()
     assert sorted(p.name for p in repo.iterdir()) == [MINILM, f"{MINILM}.embedding", f"{MINILM}.pooled",
                                                       f"{MINILM}.validate"]
     config = parse_config((repo / f"{MINILM}.embedding" / "config.pbtxt").read_text())
     assert config.max_batch_size == 16 and list(config.dynamic_batching.preferred_batch_size) == [8, 16]
     assert config.dynamic_batching.max_queue_delay_microseconds == 500 and config.instance_group[0].count == 2
+    assert config.parameters["intra_op_thread_count"].string_value == "1"
     with pytest.raises(SystemExit):
         main(["export-triton", MINILM, "-o", str(repo), "--preferred-batch-sizes", "8,x"])
     assert "whole numbers" in capsys.readouterr().err

@@ -159,7 +159,8 @@ def cmd_export_triton(args, parser) -> int:
     started = time.perf_counter()
     folder = export_triton(ctx, Path(args.output), runtime=args.runtime, entries=args.entries,
                            max_batch_size=args.max_batch_size, preferred_batch_sizes=tuple(args.preferred_batch_sizes),
-                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances)
+                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
+                           threads=args.threads)
     models = [folder, *(folder.parent / n for n in json.loads((folder / "linnet_export.json").read_text())["companions"])]
     files = sorted(p for model in models for p in model.rglob("*") if p.is_file())
     for path in files:
@@ -248,8 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes Triton's dynamic batcher aims for, comma-separated")
     triton.add_argument("--max-queue-delay-us", type=int, default=0, metavar="US",
                         help="how long a request may wait to be batched with others (default 0: never)")
-    triton.add_argument("--instances", type=int, metavar="N",
-                        help="model instances per model (default: Triton's, one per GPU or one on CPU)")
+    triton.add_argument("--instances", type=int, default=1, metavar="N",
+                        help="model instances per device, one GPU or the CPU (default 1; Triton's own CPU "
+                             "default for ONNX Runtime, 2, oversubscribes the cores)")
+    triton.add_argument("--threads", type=int, metavar="N",
+                        help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's, one per core); "
+                             "on CPU, instances x threads = cores serves most rows/s")
     triton.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")

@@ -100,8 +100,7 @@ def triton_io(ctx, entries=None) -> TritonIO:
 
     Every entry becomes one output; the entries must take the same inputs, since they are
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
-    without it, entries that take labels after the first entry's inputs (the loss entries) are
-    left out.
+    without it, those `_served_by_default` (not the losses, not a decoder's cache steps).
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -154,7 +153,7 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     """The program's entries in program order, or those `entries` names (entry or output names)."""
     every = list(program.entries.values())
     if entries is None:
-        return [e for e in every if not _takes_labels_too(e, every[0])]
+        return [e for e in every if _served_by_default(e, every[0])]
     by_name = {}
     for entry in every:
         by_name[entry.name] = by_name[ctx.output_name(entry.name)] = entry
@@ -169,11 +168,15 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     return [e for e in every if id(e) in keep]
 
 
-def _takes_labels_too(entry: ir.Entry, first: ir.Entry) -> bool:
-    """An entry that takes the first entry's inputs and more after them: a training loss,
-    whose labels an inference client does not have. Served only when named in `entries`."""
-    n = len(first.inputs)
-    return len(entry.inputs) > n and entry.inputs[:n] == first.inputs
+def _served_by_default(entry: ir.Entry, first: ir.Entry) -> bool:
+    """An entry of the default set: it takes the first entry's inputs and its result starts
+    with their batch dim, so one batched model serves it beside the first.  Left out: training
+    losses (they take labels too, which an inference client does not have) and a decoder's
+    generation steps (GPT-2's `prefill` gives its cache with the layer dim first; `decode`
+    takes a cache).  Any entry is served when `entries` names it."""
+    lead = first.inputs[0][1].dims[0] if first.inputs and first.inputs[0][1].dims else None
+    dims = entry.result.dims
+    return entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
 
 
 # ---------------------------------------------------------------------- config
@@ -225,7 +228,13 @@ class ServingOptions:
     max_batch_size: int = 8  # Triton's largest batch; 0: no batching, dims then keep the batch dim
     preferred_batch_sizes: tuple[int, ...] = ()  # batch sizes the dynamic batcher aims for
     max_queue_delay_us: int = 0  # how long a request may wait for others to batch with (0: never)
-    instances: int | None = None  # model instances; None: Triton's default (one per GPU, or one on CPU)
+    #: Model instances per device (one per GPU, or on the CPU).  1, not Triton's default: on
+    #: CPU that is two ONNX Runtime instances at a thread per core each, twice the threads there
+    #: are cores.  None: leave instance_group out (Triton's default).
+    instances: int | None = 1
+    #: ONNX Runtime's intra-op threads per instance (`intra_op_thread_count`); None: ONNX Runtime's
+    #: default, one per core.  Instances x threads above the cores oversubscribe them (see docs/triton.md).
+    threads: int | None = None
 
 
 #: Companion models of the onnxruntime layout are named `<model><suffix>`.
@@ -272,6 +281,13 @@ def _scheduling_fields(options: ServingOptions) -> list:
     return fields
 
 
+def _onnxruntime_parameters(options: ServingOptions) -> list:
+    """The ONNX Runtime backend's `parameters` (string values, as Triton's config wants them)."""
+    if options.threads is None:
+        return []
+    return [("parameters", [[("key", "intra_op_thread_count"), ("value", [("string_value", str(options.threads))])]])]
+
+
 def _optional(t: Input) -> bool:
     # A left-out input with a Linnet default is filled by model.py (either layout's python
     # model); ONNX Runtime itself needs every graph input.
@@ -292,7 +308,8 @@ def _onnx_config(io: TritonIO, options: ServingOptions, output: Output) -> str:
     fields: list = [("name", output_model_name(io, output.name)), ("platform", "onnxruntime_onnx"),
                     ("default_model_filename", "model.onnx"), ("max_batch_size", options.max_batch_size),
                     ("input", [_tensor_fields(t, batched, fixed=io.fixed) for t in io.inputs]),
-                    ("output", [_tensor_fields(output, batched, fixed=io.fixed)]), *_scheduling_fields(options)]
+                    ("output", [_tensor_fields(output, batched, fixed=io.fixed)]), *_scheduling_fields(options),
+                    *_onnxruntime_parameters(options)]
     return "\n".join(_format(fields)) + "\n"
 
 
@@ -360,8 +377,10 @@ def _check_options(io: TritonIO, options: ServingOptions, runtime: str) -> None:
         raise _error(codes.TRITON_BAD_OPTION,
                      f"max_queue_delay_us must be a whole number of microseconds >= 0, and needs "
                      f"max_batch_size > 0; got {options.max_queue_delay_us!r} with max_batch_size = {size}")
-    if options.instances is not None and (not _whole(options.instances) or options.instances < 1):
-        raise _error(codes.TRITON_BAD_OPTION, f"instances must be a whole number >= 1, got {options.instances!r}")
+    for option in ("instances", "threads"):
+        value = getattr(options, option)
+        if value is not None and (not _whole(value) or value < 1):
+            raise _error(codes.TRITON_BAD_OPTION, f"{option} must be a whole number >= 1, got {value!r}")
     if size > 0 and io.batch_dim is None:
         raise _error(codes.TRITON_NO_BATCH_DIM,
                      f"{io.name}: not every input and output starts with the same batch dim, so Triton "
@@ -378,13 +397,15 @@ def _check_options(io: TritonIO, options: ServingOptions, runtime: str) -> None:
 # ---------------------------------------------------------------------- export
 
 
-def _spec(io: TritonIO, max_batch_size: int, role: str) -> dict:
-    """What model.py checks requests against (written to 1/linnet_io.json)."""
+def _spec(io: TritonIO, options: ServingOptions, role: str) -> dict:
+    """What model.py checks requests against (written to 1/linnet_io.json), and the ONNX
+    Runtime threads of its sessions (role "serve")."""
     return {
         "model": io.name,
         "role": role,
         "linnet_version": __version__,
-        "max_batch_size": max_batch_size,
+        "max_batch_size": options.max_batch_size,
+        "threads": options.threads,
         "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": dtypes.by_name(t.dtype).numpy, "dims": list(t.dims),
                     "default": t.default} for t in io.inputs],
         "outputs": [{"name": t.name, "entry": t.entry, "dtype": t.dtype, "dims": list(t.dims),
@@ -433,9 +454,10 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
     Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
     backend, one model).  Both validate every request.
-    entries: the entries (or their output names) to serve; None: all but the loss entries.
+    entries: the entries (or their output names) to serve; None: those that take the first
+    entry's inputs and give a batch-led result (not the losses, not a decoder's cache steps).
     options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
-    max_queue_delay_us, instances).
+    max_queue_delay_us, instances, threads).
 
     Model folders already there are replaced as a whole, and the companions of an earlier
     export that this one no longer has are removed, so a repository never mixes files of two
@@ -478,11 +500,11 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         shutil.rmtree(staging / "build", ignore_errors=True)
         _write_graphs(graphs, io)
         _check_onnx(io, graphs / "model.onnx")
-        max_batch_size = ServingOptions(**options).max_batch_size
+        serving = ServingOptions(**options)
         if runtime == "python":
-            _python_layout(staging, graphs, io, max_batch_size)
+            _python_layout(staging, graphs, io, serving)
         else:
-            _onnxruntime_layout(staging, graphs, io, max_batch_size)
+            _onnxruntime_layout(staging, graphs, io, serving)
         shutil.rmtree(graphs)
         for name, text in configs.items():
             (staging / name / "config.pbtxt").write_text(text, encoding="utf-8")
@@ -550,21 +572,21 @@ def _share(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def _python_layout(staging: Path, graphs: Path, io: TritonIO, max_batch_size: int) -> None:
+def _python_layout(staging: Path, graphs: Path, io: TritonIO, options: ServingOptions) -> None:
     """One Python-backend model: model.py runs model.onnx or a per-output model itself."""
     version = staging / io.name / "1"
     version.mkdir(parents=True)
     for path in graphs.iterdir():
         shutil.move(str(path), version / path.name)
-    _write_model_py(version, _spec(io, max_batch_size, "serve"))
+    _write_model_py(version, _spec(io, options, "serve"))
 
 
-def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, max_batch_size: int) -> None:
+def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, options: ServingOptions) -> None:
     """The ensemble's (empty) folder, its validating step, and one ONNX Runtime model per output."""
     (staging / io.name / "1").mkdir(parents=True)  # Triton wants a version folder, even an ensemble's
     checker = staging / (io.name + VALIDATE_SUFFIX) / "1"
     checker.mkdir(parents=True)
-    _write_model_py(checker, _spec(io, max_batch_size, "validate"))
+    _write_model_py(checker, _spec(io, options, "validate"))
     for output in io.outputs:
         version = staging / output_model_name(io, output.name) / "1"
         version.mkdir(parents=True)

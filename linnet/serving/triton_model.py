@@ -143,7 +143,11 @@ class TritonPythonModel:
 
         name = "model.%s.onnx" % requested[0] if len(requested) == 1 else "model.onnx"
         if name not in self.sessions:
-            self.sessions[name] = ort.InferenceSession(os.path.join(self.here, name), providers=self.providers)
+            options = ort.SessionOptions()
+            if self.spec.get("threads"):  # export-triton --threads; else ONNX Runtime's one per core
+                options.intra_op_num_threads = int(self.spec["threads"])
+            self.sessions[name] = ort.InferenceSession(os.path.join(self.here, name), options,
+                                                       providers=self.providers)
         return self.sessions[name]
 
     def execute(self, requests):
