@@ -399,6 +399,10 @@ class LinnetOnnx(LinnetMethod):
     def load(self) -> float:
         seconds = super().load()
         self.notes.append(f"{self.dtype}; providers: {', '.join(self.model.runtime.providers)}")
+        choice = getattr(self.model.runtime, "session_choice", None)
+        if choice is not None:
+            self.notes.append(f"session options: {choice.describe()}"
+                              + (f", measured at load: {choice.measured}" if choice.measured else ""))
         return seconds
 
     def hidden(self, output) -> np.ndarray:
@@ -413,6 +417,14 @@ class LinnetOnnxPadded(LinnetOnnx):
         seconds = super().load()
         self.notes.append("packing=False: the padded program, every position computed")
         return seconds
+
+
+class LinnetOnnxDefaultSession(LinnetOnnx):
+    """The default session, not the one measured at load: what the option search buys."""
+
+    key, name, options = "linnet-onnx-f32-default-session", "Linnet ONNX f32 -> ONNX Runtime (kernels='default')", \
+        {"kernels": "default"}
+    encodes = False
 
 
 # CUDA-only variants: lower precision, and ONNX Runtime's TensorRT provider.
@@ -657,7 +669,8 @@ def _tree_peak_rss_kib(pid: int) -> int:
 
 #: Every method, in the order a round runs them (the reference first).
 ALL = [TransformersEager, TransformersCompile, OnnxReference, SentenceTransformers, LinnetTorch, LinnetTorchPacked,
-       LinnetInductor, LinnetCudaGraphs, LinnetJax, LinnetJaxSource, LinnetOnnx, LinnetOnnxPadded, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
+       LinnetInductor, LinnetCudaGraphs, LinnetJax, LinnetJaxSource, LinnetOnnx, LinnetOnnxPadded,
+       LinnetOnnxDefaultSession, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
        # CUDA only
        TransformersEagerBF16, LinnetTorchBF16, LinnetInductorBF16, LinnetCudaGraphsBF16, LinnetJaxBF16,
        LinnetJaxSourceBF16, LinnetOnnxF16, LinnetOnnxBF16, LinnetOnnxTrt, LinnetOnnxF16Trt]
