@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .rounds import check_corpus, check_varlen, cuda_allocated, cuda_phase, max_diff, run_round
 from .weights import MODELS, REPO_ROOT, bench_cache
 
 log = print
@@ -124,31 +125,6 @@ def _probe_rss(model: str, key: str, workdir: Path, timeout: float) -> dict:
     raise RuntimeError(f"probe exited {done.returncode}: " + " | ".join(tail))
 
 
-# ------------------------------------------------------------------ CUDA memory bookkeeping
-
-
-def _cuda_allocated() -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
-
-
-@contextlib.contextmanager
-def _cuda_phase(record: Record, device: str):
-    """Peak torch allocator bytes of one phase of one method, over what was allocated before it."""
-    if device != "cuda":
-        yield
-        return
-    import torch
-
-    start = _cuda_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    yield
-    torch.cuda.synchronize()
-    record.cuda_peak = max(record.cuda_peak, torch.cuda.max_memory_allocated() - start)
-
-
 def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart: bool = True) -> dict:
     from . import report
     from .corpus import corpus, describe as describe_corpus
@@ -217,14 +193,14 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     prepared_varlen: dict[str, object] = {}
     for r in live():
         try:
-            before = _cuda_allocated() if workload.device == "cuda" else 0
-            with _cuda_phase(r, workload.device):
+            before = cuda_allocated() if workload.device == "cuda" else 0
+            with cuda_phase(r, workload.device):
                 r.metrics["load_s"] = r.method.load()
             if workload.device == "cuda":
-                r.cuda_resident = _cuda_allocated() - before
+                r.cuda_resident = cuda_allocated() - before
             if r.runs("fixed"):
                 prepared[r.method.key] = (r.method.prepare(small), r.method.prepare(big))
-                with _cuda_phase(r, workload.device):
+                with cuda_phase(r, workload.device):
                     for i in range(max(workload.warmup, 1)):
                         for p in prepared[r.method.key]:
                             t = time.perf_counter()
@@ -237,7 +213,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
         if r.runs("varlen"):
             try:
                 prepared_varlen[r.method.key] = r.method.prepare(varlen)
-                with _cuda_phase(r, workload.device):
+                with cuda_phase(r, workload.device):
                     for _ in range(max(workload.warmup, 1)):
                         r.method.run(prepared_varlen[r.method.key])
             except Exception as exc:  # noqa: BLE001
@@ -260,15 +236,15 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
         if not r.runs("fixed"):
             continue
         try:
-            r.max_abs_diff = _max_diff(r.method.hidden(r.method.run(prepared[r.method.key][1])), want)
+            r.max_abs_diff = max_diff(r.method.hidden(r.method.run(prepared[r.method.key][1])), want)
         except Exception as exc:  # noqa: BLE001
             r.fail("check", exc)
-    _check_varlen(records, prepared_varlen, varlen.mask.astype(bool))
+    check_varlen(records, prepared_varlen, varlen.mask.astype(bool))
 
     # 5b. the corpus: one untimed encode per method, embeddings against the anchor's
     texts = corpus(workload.corpus_size, workload.seed) if "corpus" in workload.workloads else []
     if texts:
-        _check_corpus(records, texts, CORPUS_ANCHOR)
+        check_corpus(records, texts, CORPUS_ANCHOR)
 
     # 6. interleaved rounds
     progress, task = _progress(workload.rounds * len(live()), f"{model} rounds")
@@ -277,7 +253,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
             for r in live():
                 if progress is not None:
                     progress.update(task, description=f"{model} round {round_ + 1}/{workload.rounds}: {r.method.key}")
-                _round(r, round_, workload, prepared.get(r.method.key), prepared_varlen.get(r.method.key), texts)
+                run_round(r, round_, workload, prepared.get(r.method.key), prepared_varlen.get(r.method.key), texts)
                 if progress is not None:
                     progress.advance(task)
 
@@ -343,93 +319,6 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     }
     report.write(result, out, chart=chart)
     return result
-
-
-def _round(r: Record, round_: int, workload, fixed, varlen, texts: list[str]) -> None:
-    """One round of one method: each workload it runs, in turn."""
-    device = workload.device
-    if r.runs("fixed"):
-        small_p, big_p = fixed
-        try:
-            with _cuda_phase(r, device):
-                for _ in range(workload.latency_iters):
-                    t = time.perf_counter()
-                    r.method.run(small_p)
-                    r.latencies.append(time.perf_counter() - t)
-                seconds = r.method.throughput(big_p, workload.throughput_iters)
-                calls = getattr(r.method, "throughput_calls", lambda n: n)(workload.throughput_iters)
-                r.throughputs.append(calls * workload.throughput_batch / seconds)
-        except Exception as exc:  # noqa: BLE001
-            r.fail(f"round {round_ + 1}", exc)
-    if r.runs("varlen"):
-        try:
-            with _cuda_phase(r, device):
-                for _ in range(workload.varlen_iters):
-                    t = time.perf_counter()
-                    r.method.run(varlen)
-                    r.varlen_times.append(time.perf_counter() - t)
-        except Exception as exc:  # noqa: BLE001
-            r.drop("varlen", f"round {round_ + 1}", exc)
-    if r.runs("corpus") and round_ < workload.corpus_rounds:
-        try:
-            with _cuda_phase(r, device):
-                t = time.perf_counter()
-                r.method.encode(texts)
-                r.corpus_rates.append(len(texts) / (time.perf_counter() - t))
-        except Exception as exc:  # noqa: BLE001
-            r.drop("corpus", f"round {round_ + 1}", exc)
-
-
-def _max_diff(got: np.ndarray, want: np.ndarray, where: np.ndarray | None = None) -> float:
-    """max |got - want| in float64, over the positions `where` (a [B, S] mask) when given."""
-    if got.shape != want.shape:
-        raise ValueError(f"output has shape {got.shape}, the reference's is {want.shape}")
-    got = got.astype(np.float64)
-    if where is not None:
-        got, want = got[where], want[where]
-    return float(np.max(np.abs(got - want)))
-
-
-def _check_varlen(records: list[Record], prepared: dict, mask: np.ndarray) -> None:
-    """varlen_max_abs_diff: each method's hidden state at the real tokens of the variable-length
-    batch against the reference's (padded positions differ by design: packing returns 0 there)."""
-    from .methods import REFERENCE
-
-    reference = next((r for r in records if r.method.key == REFERENCE and r.runs("varlen")), None)
-    if reference is None:
-        return
-    try:
-        want = reference.method.hidden(reference.method.run(prepared[REFERENCE])).astype(np.float64)
-    except Exception as exc:  # noqa: BLE001
-        reference.drop("varlen", "check", exc)
-        return
-    for r in records:
-        if r.runs("varlen"):
-            try:
-                got = r.method.hidden(r.method.run(prepared[r.method.key]))
-                r.metrics["varlen_max_abs_diff"] = _max_diff(got, want, mask)
-            except Exception as exc:  # noqa: BLE001
-                r.drop("varlen", "check", exc)
-
-
-def _check_corpus(records: list[Record], texts: list[str], anchor_key: str) -> None:
-    """One untimed encode of the corpus per method (the warm-up; JAX compiles each batch width
-    here); corpus_max_abs_diff is the largest embedding difference from the anchor's."""
-    encoders = [r for r in records if r.runs("corpus")]
-    anchor = next((r for r in encoders if r.method.key == anchor_key), None)
-    want = None
-    for r in ([anchor] if anchor else []) + [r for r in encoders if r is not anchor]:
-        t = time.perf_counter()
-        try:
-            got = np.asarray(r.method.encode(texts), dtype=np.float64)
-            if r is anchor:
-                want = got
-            if want is not None:
-                r.metrics["corpus_max_abs_diff"] = _max_diff(got, want)
-        except Exception as exc:  # noqa: BLE001
-            r.drop("corpus", "corpus warm-up", exc)
-            continue
-        log(f"  encoded the corpus with {r.method.key} ({time.perf_counter() - t:.1f} s, untimed)")
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ recorded, the method is dropped from later phases, the other methods go on):
     encode(texts)    the corpus workload: [N, D] float32 numpy sentence embeddings at the
                      workload's corpus_batch and corpus_max_length, normalized
 
-The module runs past 500 lines (~680) because it is one small class per method, each a few
+The module runs past 500 lines (~700) because it is one small class per method, each a few
 lines over its parent, registered in one list (`ALL`); split by framework, the registry and
 the shared phase protocol would be spread over several files.
 
