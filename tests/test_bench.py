@@ -219,3 +219,23 @@ def test_contention_counts_a_live_child_as_own_work():
         assert contention._own_seconds() - before >= 0.5  # the child is still alive here
     finally:
         child.communicate(b"")
+
+
+def test_workloads_table_ratios():
+    """Ratios to the reference, to HF -> ORT and to the corpus anchor, from a hand-made result."""
+    def method(key, kind="linnet", **metrics):
+        return {"key": key, "method": key, "kind": kind, "metrics": metrics, "max_abs_diff": None,
+                "notes": "", "error": None}
+
+    result = {"reference": REFERENCE, "corpus_reference": CORPUS_ANCHOR, "workload": {"varlen_batch": 32},
+              "methods": [method(REFERENCE, "reference", varlen_ms=400.0, varlen_max_abs_diff=0.0),
+                          method("onnx-reference", "reference", varlen_ms=200.0),
+                          method(CORPUS_ANCHOR, "reference", corpus_per_s=10.0, corpus_max_abs_diff=0.0),
+                          method("linnet-onnx-f32", varlen_ms=100.0, corpus_per_s=25.0),
+                          method("linnet-jax")]}  # ran neither: no row
+    lines = report.workloads_table(result).splitlines()
+    assert "× onnx-reference" in lines[0] and len(lines) == 2 + 4
+    ours = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert ours[2:5] == ["100.0", "0.25", "0.50"] and ours[6:8] == ["25.0", "2.50"]
+    del result["methods"][1]  # without HF -> ORT in the run, no column for it
+    assert "onnx-reference" not in report.workloads_table(result).splitlines()[0]
