@@ -7,9 +7,18 @@ phases after it; the rest go on):
 2. probe     CPU: peak RSS of each method in its own subprocess (bench/probe.py)
 3. load      into this process; load_s
 4. warm-up   `warmup` untimed calls per batch size; the first is first_call_s
-5. check     max_abs_diff of the hidden state against the reference, same inputs
+5. check     max_abs_diff of the hidden state against the reference, same inputs (the
+             variable-length batch: at real tokens only); the corpus: one untimed encode
+             per method (JAX compiles its batch widths here), embeddings against
+             sentence-transformers'
 6. rounds    round r runs every method in turn: latency_iters calls at B=1, then
-             throughput_iters calls at B=8; so drift over time hits all methods alike
+             throughput_iters calls at B=8, varlen_iters calls on the variable-length batch,
+             and in the first corpus_rounds rounds one encode of the corpus; so drift over
+             time hits all methods alike
+
+Workloads ("fixed", "varlen", "corpus"; `--workloads`) a method does not support, or one that
+fails for it, leave its metrics for that workload null with a note; only a failure in the
+fixed workload (or in the only one a method runs) drops the method.
 7. perf_analyzer  the Triton methods under Triton's own load client at each of
              `perf_concurrency` requests of B=8 in flight (perf_cN_* metrics)
 """
@@ -29,9 +38,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .rounds import check_corpus, check_varlen, cuda_allocated, cuda_phase, max_diff, run_round
 from .weights import MODELS, REPO_ROOT, bench_cache
 
 log = print
+
+#: Corpus sizes other than the workload's default (2000), per model: bert-base-uncased is 12
+#: layers of 768 (about 15x all-MiniLM-L6-v2's work per token), so 2000 texts would take about
+#: a minute per encode on 2 cores, three encodes per method.
+CORPUS_SIZE = {"bert-base-uncased": 500}
+
+#: The metrics each workload beyond the fixed one adds (null where a method does not run it).
+WORKLOAD_METRICS = {"varlen": ("varlen_ms", "varlen_max_abs_diff"),
+                    "corpus": ("corpus_per_s", "corpus_max_abs_diff")}
 
 
 def _error_text(phase: str, exc: BaseException) -> str:
@@ -44,12 +63,19 @@ def _error_text(phase: str, exc: BaseException) -> str:
 class Record:
     """What is known about one method so far."""
 
-    def __init__(self, method):
+    def __init__(self, method, workloads: tuple[str, ...] = ("fixed",)):
         self.method = method
         self.error: str | None = None
         self.metrics: dict = {"latency_ms": None, "throughput_per_s": None, "load_s": None}
+        for name, metrics in WORKLOAD_METRICS.items():
+            if name in workloads:
+                self.metrics.update(dict.fromkeys(metrics))
+        #: The workloads of the run this method takes part in.
+        self.workloads = [w for w in workloads if method.supports(w)]
         self.latencies: list[float] = []
         self.throughputs: list[float] = []
+        self.varlen_times: list[float] = []
+        self.corpus_rates: list[float] = []
         self.max_abs_diff: float | None = None
         self.cuda_resident = 0
         self.cuda_peak = 0
@@ -57,6 +83,18 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def runs(self, workload: str) -> bool:
+        return self.ok and workload in self.workloads
+
+    def drop(self, workload: str, phase: str, exc: BaseException) -> None:
+        """Stop running one workload after a failure in it; the others go on."""
+        if workload == "fixed" or self.workloads == [workload]:
+            self.fail(phase, exc)
+            return
+        self.workloads.remove(workload)
+        self.method.notes.append(f"{workload} workload failed: {_error_text(phase, exc)}")
+        log(f"  ! {self.method.key} ({workload}): {_error_text(phase, exc).splitlines()[0][:300]}")
 
     def fail(self, phase: str, exc: BaseException) -> None:
         self.error = _error_text(phase, exc)
@@ -87,37 +125,13 @@ def _probe_rss(model: str, key: str, workdir: Path, timeout: float) -> dict:
     raise RuntimeError(f"probe exited {done.returncode}: " + " | ".join(tail))
 
 
-# ------------------------------------------------------------------ CUDA memory bookkeeping
-
-
-def _cuda_allocated() -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
-
-
-@contextlib.contextmanager
-def _cuda_phase(record: Record, device: str):
-    """Peak torch allocator bytes of one phase of one method, over what was allocated before it."""
-    if device != "cuda":
-        yield
-        return
-    import torch
-
-    start = _cuda_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    yield
-    torch.cuda.synchronize()
-    record.cuda_peak = max(record.cuda_peak, torch.cuda.max_memory_allocated() - start)
-
-
 def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart: bool = True) -> dict:
     from . import report
-    from .methods import REFERENCE, Context, methods_for
+    from .corpus import corpus, describe as describe_corpus
+    from .methods import CORPUS_ANCHOR, REFERENCE, Context, methods_for
     from .weights import resolve
     from .contention import ContentionMeter
-    from .workload import environment, load_average, make_batch
+    from .workload import environment, load_average, make_batch, make_varlen_batch
 
     started_at = dt.datetime.now(dt.timezone.utc)
     meter = ContentionMeter()
@@ -125,7 +139,8 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     workdir = bench_cache() / "work" / model / workload.device
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(weights, workload, workdir)
-    records = [Record(cls(ctx)) for cls in methods_for(workload.device, keys)]
+    records = [Record(cls(ctx), workload.workloads)
+               for cls in methods_for(workload.device, keys, corpus="corpus" in workload.workloads)]
     log(f"bench {model} on {workload.device}: {', '.join(r.method.key for r in records)}")
     log(f"weights: {weights.origin}")
     env = environment(workload.device)
@@ -134,6 +149,10 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     for r in records:
         if workload.device not in r.method.devices:
             r.error = f"not available: {r.method.key} runs on {' / '.join(r.method.devices)} only"
+        elif not r.workloads:
+            r.error = f"not run: {r.method.key} runs none of the workloads {', '.join(workload.workloads)}"
+        for name in (w for w in workload.workloads if w != "fixed" and not r.method.supports(w)):
+            r.method.notes.append(f"{name} workload: not run by this method")
 
     # 1. build
     for r in live():
@@ -169,29 +188,42 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     # 3. load, 4. warm-up
     small = make_batch(workload.latency_batch, workload.seq, workload.seed)
     big = make_batch(workload.throughput_batch, workload.seq, workload.seed + 1)
+    varlen = make_varlen_batch(workload.varlen_batch, workload.varlen_mean, workload.varlen_max, workload.seed)
     prepared: dict[str, tuple] = {}
+    prepared_varlen: dict[str, object] = {}
     for r in live():
         try:
-            before = _cuda_allocated() if workload.device == "cuda" else 0
-            with _cuda_phase(r, workload.device):
+            before = cuda_allocated() if workload.device == "cuda" else 0
+            with cuda_phase(r, workload.device):
                 r.metrics["load_s"] = r.method.load()
             if workload.device == "cuda":
-                r.cuda_resident = _cuda_allocated() - before
-            prepared[r.method.key] = (r.method.prepare(small), r.method.prepare(big))
-            with _cuda_phase(r, workload.device):
-                for i in range(max(workload.warmup, 1)):
-                    for p in prepared[r.method.key]:
-                        t = time.perf_counter()
-                        r.method.run(p)
-                        if i == 0 and p is prepared[r.method.key][0]:
-                            r.metrics["first_call_s"] = time.perf_counter() - t
+                r.cuda_resident = cuda_allocated() - before
+            if r.runs("fixed"):
+                prepared[r.method.key] = (r.method.prepare(small), r.method.prepare(big))
+                with cuda_phase(r, workload.device):
+                    for i in range(max(workload.warmup, 1)):
+                        for p in prepared[r.method.key]:
+                            t = time.perf_counter()
+                            r.method.run(p)
+                            if i == 0 and p is prepared[r.method.key][0]:
+                                r.metrics["first_call_s"] = time.perf_counter() - t
         except Exception as exc:  # noqa: BLE001
             r.fail("load" if r.metrics["load_s"] is None else "warm-up", exc)
             continue
-        log(f"  loaded {r.method.key}: load {r.metrics['load_s']:.2f} s, first call {r.metrics['first_call_s']:.2f} s")
+        if r.runs("varlen"):
+            try:
+                prepared_varlen[r.method.key] = r.method.prepare(varlen)
+                with cuda_phase(r, workload.device):
+                    for _ in range(max(workload.warmup, 1)):
+                        r.method.run(prepared_varlen[r.method.key])
+            except Exception as exc:  # noqa: BLE001
+                r.drop("varlen", "warm-up", exc)
+        first = r.metrics.get("first_call_s")
+        log(f"  loaded {r.method.key}: load {r.metrics['load_s']:.2f} s"
+            + (f", first call {first:.2f} s" if first is not None else ""))
 
     # 5. max_abs_diff against the reference on the same (B=8) inputs
-    reference = next((r for r in records if r.method.key == REFERENCE and r.ok), None)
+    reference = next((r for r in records if r.method.key == REFERENCE and r.runs("fixed")), None)
     want = None
     if reference is not None:
         try:
@@ -201,33 +233,27 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     for r in live():
         if want is None:
             break
+        if not r.runs("fixed"):
+            continue
         try:
-            got = r.method.hidden(r.method.run(prepared[r.method.key][1]))
-            if got.shape != want.shape:
-                raise ValueError(f"hidden state has shape {got.shape}, the reference's is {want.shape}")
-            r.max_abs_diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+            r.max_abs_diff = max_diff(r.method.hidden(r.method.run(prepared[r.method.key][1])), want)
         except Exception as exc:  # noqa: BLE001
             r.fail("check", exc)
+    check_varlen(records, prepared_varlen, varlen.mask.astype(bool))
+
+    # 5b. the corpus: one untimed encode per method, embeddings against the anchor's
+    texts = corpus(workload.corpus_size, workload.seed) if "corpus" in workload.workloads else []
+    if texts:
+        check_corpus(records, texts, CORPUS_ANCHOR)
 
     # 6. interleaved rounds
     progress, task = _progress(workload.rounds * len(live()), f"{model} rounds")
     with progress if progress is not None else contextlib.nullcontext():
         for round_ in range(workload.rounds):
             for r in live():
-                small_p, big_p = prepared[r.method.key]
                 if progress is not None:
                     progress.update(task, description=f"{model} round {round_ + 1}/{workload.rounds}: {r.method.key}")
-                try:
-                    with _cuda_phase(r, workload.device):
-                        for _ in range(workload.latency_iters):
-                            t = time.perf_counter()
-                            r.method.run(small_p)
-                            r.latencies.append(time.perf_counter() - t)
-                        seconds = r.method.throughput(big_p, workload.throughput_iters)
-                        calls = getattr(r.method, "throughput_calls", lambda n: n)(workload.throughput_iters)
-                        r.throughputs.append(calls * workload.throughput_batch / seconds)
-                except Exception as exc:  # noqa: BLE001
-                    r.fail(f"round {round_ + 1}", exc)
+                run_round(r, round_, workload, prepared.get(r.method.key), prepared_varlen.get(r.method.key), texts)
                 if progress is not None:
                     progress.advance(task)
 
@@ -247,6 +273,10 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
             r.metrics["latency_ms"] = statistics.median(r.latencies) * 1e3
         if r.throughputs:
             r.metrics["throughput_per_s"] = statistics.median(r.throughputs)
+        if r.varlen_times:
+            r.metrics["varlen_ms"] = statistics.median(r.varlen_times) * 1e3
+        if r.corpus_rates:
+            r.metrics["corpus_per_s"] = statistics.median(r.corpus_rates)
         with contextlib.suppress(Exception):
             own = r.method.memory() if r.ok else None
             if own:
@@ -273,7 +303,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
         "model": model,
         "weights": weights.origin,
         "environment": env,
-        "workload": workload.describe(),
+        "workload": {**workload.describe(), **({"corpus_texts": describe_corpus(texts)} if texts else {})},
         "methods": [{
             "method": r.method.name,
             "kind": r.method.kind,
@@ -284,6 +314,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
             "key": r.method.key,
         } for r in records],
         "reference": REFERENCE,
+        **({"corpus_reference": CORPUS_ANCHOR} if texts else {}),
         "seconds": round(time.perf_counter() - _T0, 1),
     }
     report.write(result, out, chart=chart)
@@ -340,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--perf-concurrency", help="perf_analyzer's requests in flight for the Triton methods, "
                         "comma-separated (default 1,4,16; --quick 1)")
+    parser.add_argument("--workloads", help="comma-separated, of fixed,varlen,corpus (default all three)")
+    parser.add_argument("--corpus-size", type=int, help="texts in the corpus workload (default 2000; "
+                        "bert-base-uncased 500; --quick 64)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe subprocesses")
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--out", type=Path, help="default nest/<model>/bench.json (bench.cuda.json on cuda)")
@@ -350,6 +384,16 @@ def main(argv: list[str] | None = None) -> int:
                                  ("throughput_iters", args.throughput_iters), ("warmup", args.warmup)) if v is not None}
     if args.no_rss:
         changes["rss"] = False
+    if args.corpus_size is not None:
+        changes["corpus_size"] = args.corpus_size
+    elif not args.quick and args.model in CORPUS_SIZE:
+        changes["corpus_size"] = CORPUS_SIZE[args.model]
+    if args.workloads:
+        chosen = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+        known = ("fixed", "varlen", "corpus")
+        if not chosen or set(chosen) - set(known):
+            parser.error(f"--workloads takes some of {', '.join(known)}, found {args.workloads!r}")
+        changes["workloads"] = tuple(w for w in known if w in chosen)
     if args.perf_concurrency:
         changes["perf_concurrency"] = tuple(int(n) for n in args.perf_concurrency.split(",") if n.strip())
     workload = replace(workload, **changes)

@@ -11,6 +11,16 @@ recorded, the method is dropped from later phases, the other methods go on):
     hidden(output)   the `forward` hidden state as float32 numpy, for max_abs_diff
     throughput(prepared, n) -> seconds for n calls (Triton overrides it to keep several
                      requests in flight)
+    encode(texts)    the corpus workload: [N, D] float32 numpy sentence embeddings at the
+                     workload's corpus_batch and corpus_max_length, normalized
+
+The module runs past 500 lines (~700) because it is one small class per method, each a few
+lines over its parent, registered in one list (`ALL`); split by framework, the registry and
+the shared phase protocol would be spread over several files.
+
+`workloads` names what a method runs: "fixed" (B=1 latency and B=8 throughput at S=128),
+"varlen" (the padded 32-sentence batch), "corpus" (`encode` over many texts); `supports`
+says whether it runs one.
 """
 from __future__ import annotations
 
@@ -43,6 +53,10 @@ class Method:
     kind: str = "linnet"
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtype: str = "f32"
+    workloads: tuple[str, ...] = ("fixed", "varlen")
+
+    def supports(self, workload: str) -> bool:
+        return workload in self.workloads
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -70,6 +84,9 @@ class Method:
         for _ in range(n):
             self.run(prepared)
         return time.perf_counter() - started
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
 
     def memory(self) -> dict | None:
         """Memory this method measures itself (Triton: the server's processes); None = the probe's."""
@@ -225,12 +242,57 @@ class OnnxReference(Method):
         return self.session.run(["last_hidden_state"], prepared)[0]
 
 
+class SentenceTransformers(Method):
+    """The corpus workload's anchor: sentence-transformers' `encode` on the same files.
+
+    A folder without sentence-transformers' own configuration (bert-base-uncased) gets its
+    default pipeline, mean pooling over the real tokens, which is what the zoo's `embed`
+    computes; `normalize_embeddings=True` on both sides."""
+
+    key, name, kind = "sentence-transformers", "sentence-transformers encode", "reference"
+    workloads = ("corpus",)
+
+    def load(self) -> float:
+        import logging
+
+        from sentence_transformers import SentenceTransformer
+
+        # A plain BERT folder makes sentence-transformers warn that it creates mean pooling.
+        logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
+        folder = str(self.ctx.weights.snapshot())
+        if not self.ctx.probe:
+            SentenceTransformer(folder, device=self.ctx.device)
+        started = time.perf_counter()
+        self.model = SentenceTransformer(folder, device=self.ctx.device)
+        seconds = time.perf_counter() - started
+        self.model.max_seq_length = self.ctx.workload.corpus_max_length
+        self.notes.append(f"SentenceTransformer(folder): {' -> '.join(type(m).__name__ for m in self.model)}; "
+                          "load_s: the second load in the process")
+        return seconds
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts, batch_size=self.ctx.workload.corpus_batch, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+
+
 # --------------------------------------------------------------------------- Linnet
 
 
 class LinnetMethod(Method):
     backend = "torch"
     options: dict = {}
+    #: Whether the corpus workload runs `model.encode` on this method (f32 only: the anchor is f32).
+    encodes = False
+
+    def supports(self, workload: str) -> bool:
+        if workload == "corpus":
+            return self.encodes and self.dtype == "f32"
+        return super().supports(workload)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        wl = self.ctx.workload
+        return self.model.encode(texts, batch_size=wl.corpus_batch, max_length=wl.corpus_max_length,
+                                 normalize=True, progress=False)
 
     def _load_args(self) -> dict:
         args = {"backend": self.backend, **self.options}
@@ -276,13 +338,26 @@ class LinnetMethod(Method):
 
 class LinnetTorch(LinnetMethod):
     key, name = "linnet-torch", "Linnet torch (generated source)"
+    encodes = True
 
     def hidden(self, output) -> np.ndarray:
         return output.float().cpu().numpy()
 
 
+class LinnetTorchPacked(LinnetTorch):
+    key, name, options = "linnet-torch-packed", "Linnet torch (generated source, padding-free)", {"packing": True}
+
+    def load(self) -> float:
+        seconds = super().load()
+        self.notes.append("packing=True: per-token work on the real tokens only (linnet.middle.packing)")
+        return seconds
+
+
 class LinnetInductor(LinnetTorch):
     key, name, options = "linnet-inductor", "Linnet torch (torch.compile, inductor)", {"mode": "compile"}
+    # Static shapes: every batch width of the corpus would compile again, past torch.compile's
+    # recompile limit, after which it silently runs eager; so no corpus.
+    encodes = False
 
     def load(self) -> float:
         seconds = super().load()
@@ -297,6 +372,7 @@ class LinnetCudaGraphs(LinnetTorch):
 
 class LinnetJax(LinnetMethod):
     key, name, backend = "linnet-jax", "Linnet JAX (XLA, StableHLO)", "stablehlo"
+    encodes = True  # compiles once per batch width, in the corpus warm-up
 
     def run(self, prepared: Batch):
         out = self.model(prepared.tokens, prepared.token_types, attention_mask=prepared.mask)
@@ -312,11 +388,13 @@ class LinnetJax(LinnetMethod):
 
 class LinnetJaxSource(LinnetJax):
     key, name, backend = "linnet-jax-source", "Linnet JAX (XLA, generated source)", "jax"
+    encodes = False  # linnet-jax runs the corpus for JAX
 
 
 class LinnetOnnx(LinnetMethod):
     key, name, backend = "linnet-onnx-f32", "Linnet ONNX f32 -> ONNX Runtime", "onnx"
     providers: tuple | None = None
+    encodes = True
 
     def _device_args(self) -> dict:
         if self.providers is not None:
@@ -326,10 +404,32 @@ class LinnetOnnx(LinnetMethod):
     def load(self) -> float:
         seconds = super().load()
         self.notes.append(f"{self.dtype}; providers: {', '.join(self.model.runtime.providers)}")
+        choice = getattr(self.model.runtime, "session_choice", None)
+        if choice is not None:
+            self.notes.append(f"session options: {choice.describe()}"
+                              + (f", measured at load: {choice.measured}" if choice.measured else ""))
         return seconds
 
     def hidden(self, output) -> np.ndarray:
         return np.asarray(output, dtype=np.float32)
+
+
+class LinnetOnnxPadded(LinnetOnnx):
+    key, name, options = "linnet-onnx-f32-padded", "Linnet ONNX f32 -> ONNX Runtime (padded, packing=False)", \
+        {"packing": False}
+
+    def load(self) -> float:
+        seconds = super().load()
+        self.notes.append("packing=False: the padded program, every position computed")
+        return seconds
+
+
+class LinnetOnnxDefaultSession(LinnetOnnx):
+    """The default session, not the one measured at load: what the option search buys."""
+
+    key, name, options = "linnet-onnx-f32-default-session", "Linnet ONNX f32 -> ONNX Runtime (kernels='default')", \
+        {"kernels": "default"}
+    encodes = False
 
 
 # CUDA-only variants: lower precision, and ONNX Runtime's TensorRT provider.
@@ -367,6 +467,7 @@ _TRT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvi
 class LinnetOnnxTrt(LinnetOnnx):
     key, name, devices, providers = ("linnet-onnx-f32-trt", "Linnet ONNX f32 -> ONNX Runtime (TensorRT)",
                                      ("cuda",), _TRT)
+    encodes = False  # TensorRT builds an engine per new shape profile (minutes each)
 
 
 class LinnetOnnxF16Trt(LinnetOnnxTrt):
@@ -382,6 +483,7 @@ class TritonMethod(Method):
     throughput and p50/p99 at `workload.perf_concurrency` requests in flight, B = 8."""
 
     max_batch_size = 8
+    workloads = ("fixed",)  # the 32-sentence batch is past max_batch_size; encode is not served
     runtime = "python"  # which backends the server needs: "onnxruntime" builds that one too
     model_name = ""
     output = "hidden"
@@ -585,17 +687,21 @@ def _tree_peak_rss_kib(pid: int) -> int:
 # --------------------------------------------------------------------------- registry
 
 #: Every method, in the order a round runs them (the reference first).
-ALL = [TransformersEager, TransformersCompile, OnnxReference, LinnetTorch, LinnetInductor, LinnetCudaGraphs,
-       LinnetJax, LinnetJaxSource, LinnetOnnx, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
+ALL = [TransformersEager, TransformersCompile, OnnxReference, SentenceTransformers, LinnetTorch, LinnetTorchPacked,
+       LinnetInductor, LinnetCudaGraphs, LinnetJax, LinnetJaxSource, LinnetOnnx, LinnetOnnxPadded,
+       LinnetOnnxDefaultSession, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
        # CUDA only
        TransformersEagerBF16, LinnetTorchBF16, LinnetInductorBF16, LinnetCudaGraphsBF16, LinnetJaxBF16,
        LinnetJaxSourceBF16, LinnetOnnxF16, LinnetOnnxBF16, LinnetOnnxTrt, LinnetOnnxF16Trt]
 REFERENCE = TransformersEager.key
+#: The corpus workload's reference: what `encode` is compared with, in speed and embeddings.
+CORPUS_ANCHOR = SentenceTransformers.key
 BY_KEY = {m.key: m for m in ALL}
 
 
-def methods_for(device: str, keys: list[str] | None = None) -> list[type[Method]]:
-    """The methods to run: the requested keys (the reference always added first), or all for the device."""
+def methods_for(device: str, keys: list[str] | None = None, *, corpus: bool = True) -> list[type[Method]]:
+    """The methods to run: the requested keys (the reference always added first, and the corpus
+    anchor when `corpus` and a chosen method encodes), or all for the device."""
     if keys:
         unknown = [k for k in keys if k not in BY_KEY]
         if unknown:
@@ -603,5 +709,12 @@ def methods_for(device: str, keys: list[str] | None = None) -> list[type[Method]
         chosen = [BY_KEY[k] for k in keys]
         if REFERENCE not in keys:
             chosen.insert(0, BY_KEY[REFERENCE])
+        if corpus and CORPUS_ANCHOR not in keys and any(_encodes(m) for m in chosen):
+            chosen.append(BY_KEY[CORPUS_ANCHOR])
         return [m for m in ALL if m in chosen]
-    return [m for m in ALL if device in m.devices]
+    return [m for m in ALL if device in m.devices and (corpus or m.key != CORPUS_ANCHOR)]
+
+
+def _encodes(method: type[Method]) -> bool:
+    """Whether a method class runs the corpus (without an instance: `supports` reads only class data)."""
+    return method.supports(method.__new__(method), "corpus")

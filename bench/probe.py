@@ -2,7 +2,8 @@
 
 All methods share the benchmark's process, whose RSS high-water mark belongs to none of them.
 A probe process does, for one method only, what the benchmark does before timing: imports,
-one load, one call at each batch size (the first call is where torch.compile and jax.jit
+one load, one call at each batch size (a method that only encodes: one batch of the corpus
+through `encode`) (the first call is where torch.compile and jax.jit
 compile, and their memory counts). It then prints its own peak RSS (VmHWM) as one JSON line.
 The figure therefore includes the Python interpreter and the frameworks the method imports.
 """
@@ -36,8 +37,13 @@ def probe(model: str, key: str, workdir: Path, device: str = "cpu") -> dict:
     before = _vm_hwm_kib()
     method.build()
     method.load()
-    for size in (workload.latency_batch, workload.throughput_batch):
-        method.run(method.prepare(make_batch(size, workload.seq, workload.seed)))
+    if method.supports("fixed"):
+        for size in (workload.latency_batch, workload.throughput_batch):
+            method.run(method.prepare(make_batch(size, workload.seq, workload.seed)))
+    else:  # the corpus anchor: one batch of texts through encode
+        from .corpus import corpus
+
+        method.encode(corpus(workload.corpus_batch, workload.seed))
     peak = _vm_hwm_kib()
     method.close()
     return {"peak_rss_mib": round(peak / 1024, 1), "rss_before_load_mib": round(before / 1024, 1)}

@@ -180,6 +180,18 @@ def bench_latency(targets, rounds, calls, **load_options):
         ours_onnx = nest.load("bert-base-uncased", backend="onnx", providers=["CPUExecutionProvider"])
         contenders["linnet_onnx"] = lambda: ours_onnx(tokens, types)
         _parity("onnx", ours_onnx(tokens, types), hf_eager())
+        print(f"linnet_onnx session options: {ours_onnx.runtime.session_choice.describe()} "
+              f"(measured: {ours_onnx.runtime.session_choice.measured})", flush=True)
+        # The default session beside the measured one: what the option search bought.
+        plain_onnx = nest.load("bert-base-uncased", backend="onnx", providers=["CPUExecutionProvider"],
+                               kernels="default")
+        contenders["linnet_onnx_default"] = lambda: plain_onnx(tokens, types)
+        # transformers' graph opened with the options Linnet chose: the graphs compared alike.
+        from linnet.backends.onnx_options import default_settings, session_options
+
+        same = hf_onnx_session(hf, session_options({**default_settings(options.intra_op_num_threads),
+                                                    **ours_onnx.runtime.session_choice.settings}))
+        contenders["hf_onnx_ort_same_options"] = lambda: same.run(["last_hidden_state"], feeds)[0]
     results = interleave(contenders, rounds, calls)
     ratios = {}
     if "torch" in targets:
@@ -188,6 +200,8 @@ def bench_latency(targets, rounds, calls, **load_options):
         ratios["compile"] = report("compile", results, "linnet_compile", "hf_eager")
     if "onnx" in targets:
         ratios["onnx"] = report("onnx", results, "linnet_onnx", "hf_onnx_ort")
+        report("onnx", results, "linnet_onnx_default", "hf_onnx_ort")
+        report("onnx", results, "linnet_onnx", "hf_onnx_ort_same_options")
     if "jax" in targets:
         ratios["jax"] = report("jax", results, "linnet_jax", "hf_eager")
     return ratios
@@ -266,42 +280,70 @@ def profile_runtime():
     pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
-def profile_onnx():
+#: ONNX Runtime kernels that are matrix products (after its fusions).
+MATMUL_OPS = {"MatMul", "FusedMatMul", "Gemm"}
+
+
+def profile_onnx(calls: int = 10):
+    """Where ONNX Runtime's time goes at B=1, S=128, per operator, Linnet's graph beside
+    transformers' torch.onnx export.  Both sessions get the same options (Linnet's default
+    session) and run alternately, so load on a shared machine hits both alike.  Linnet's file
+    is the one its runtime runs for `forward` (model.forward.onnx, cut to that output), not
+    model.onnx, which also holds the masked-LM head's nodes."""
     import json
 
     import onnxruntime as ort
 
     from linnet import nest
+    from linnet.backends.onnx_options import default_settings, session_options
+    from linnet.backends.onnx_runtime import entry_file
 
     tokens, types = inputs()
-    ours = nest.load("bert-base-uncased", backend="onnx", providers=["CPUExecutionProvider"])
-    hf = hf_model()
-    sessions = {"linnet": (ours.runtime.generated, {"tokens": tokens.astype(np.int32),
-                                                     "token_types": types.astype(np.int32),
-                                                     "attention_mask": np.ones_like(tokens, dtype=np.int32)}),
-                "transformers": (HOME / "hf_bert_base.onnx", {"input_ids": tokens, "token_type_ids": types,
-                                                              "attention_mask": np.ones_like(tokens)})}
-    hf_onnx_session(hf, ort_options())
-    for name, (path, feeds) in sessions.items():
-        options = ort_options()
+    ours = nest.load("bert-base-uncased", backend="onnx", providers=["CPUExecutionProvider"], kernels="default")
+    hf_onnx_session(hf_model(), ort_options())  # writes the export once
+    files = {"linnet": (ours.runtime.folder / entry_file("forward"),
+                        {"tokens": tokens.astype(np.int32), "token_types": types.astype(np.int32),
+                         "attention_mask": np.ones_like(tokens, dtype=np.int32)}),
+             "transformers": (HOME / "hf_bert_base.onnx", {"input_ids": tokens, "token_type_ids": types,
+                                                           "attention_mask": np.ones_like(tokens)})}
+    sessions = {}
+    for name, (path, feeds) in files.items():
+        options = session_options(default_settings(ort_options().intra_op_num_threads))
         options.enable_profiling = True
         options.profile_file_prefix = str(HOME / f"ort_{name}")
         session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         out = [session.get_outputs()[0].name]
-        for _ in range(6):
+        for _ in range(2):  # warm-up runs, in the trace too; left out below by skipping them
             session.run(out, feeds)
-        trace = json.loads(Path(session.end_profiling()).read_text())
-        by_op: dict[str, float] = {}
-        nodes = 0
-        for ev in trace:
-            if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
-                op = ev["args"].get("op_name", "?")
-                by_op[op] = by_op.get(op, 0.0) + ev["dur"] / 6e3
-                nodes += 1
-        total = sum(by_op.values())
-        print(f"== {name}: {nodes // 6} kernels per run, {total:.1f} ms kernel time per run")
-        for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]:
-            print(f"   {op:28s} {ms:7.2f} ms  {100 * ms / total:5.1f}%")
+        sessions[name] = (session, out, feeds)
+    walls = {name: [] for name in sessions}
+    for _ in range(calls):
+        for name, (session, out, feeds) in sessions.items():
+            walls[name].append(timed(lambda: session.run(out, feeds), 1))
+    for name, (session, _, _) in sessions.items():
+        _print_ort_profile(name, json.loads(Path(session.end_profiling()).read_text()), calls,
+                           statistics.median(walls[name]))
+
+
+def _print_ort_profile(name: str, trace: list, calls: int, wall: float) -> None:
+    """Per-operator kernel time of the last runs of a trace (the warm-ups are skipped)."""
+    runs = [ev for ev in trace if ev.get("cat") == "Session" and ev["name"] == "model_run"]
+    first_timed = runs[-2 * calls]["ts"] if len(runs) >= 2 * calls else 0  # timed() runs twice per call
+    by_op: dict[str, float] = {}
+    nodes = 0
+    timed_runs = min(len(runs), 2 * calls)
+    for ev in trace:
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time") and ev["ts"] >= first_timed:
+            op = ev["args"].get("op_name", "?")
+            by_op[op] = by_op.get(op, 0.0) + ev["dur"] / (1e3 * timed_runs)
+            nodes += 1
+    total = sum(by_op.values())
+    matmul = sum(ms for op, ms in by_op.items() if op in MATMUL_OPS)
+    print(f"== {name}: median wall {wall * 1e3:.1f} ms per run; {nodes // timed_runs} kernels per run, "
+          f"{total:.1f} ms kernel time (mean of {timed_runs} runs); GEMMs ({'/'.join(sorted(MATMUL_OPS))}) {matmul:.1f} ms = "
+          f"{100 * matmul / total:.1f}%, the rest {total - matmul:.1f} ms", flush=True)
+    for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"   {op:28s} {ms:7.2f} ms  {100 * ms / total:5.1f}%")
 
 
 def main():

@@ -58,20 +58,51 @@ def ratios(result: dict) -> dict[str, tuple[float | None, float | None]]:
     return out
 
 
+def _ratio_to(result: dict, metric: str, anchor_key: str | None) -> dict[str, float | None]:
+    """key -> metric / the anchor method's metric (None where either is missing)."""
+    anchor = next((m for m in result["methods"] if m["key"] == anchor_key), None)
+    base = anchor and anchor["metrics"].get(metric)
+    return {m["key"]: (m["metrics"].get(metric) / base if m["metrics"].get(metric) and base else None)
+            for m in result["methods"]}
+
+
+def has_metric(result: dict, metric: str) -> bool:
+    return any(m["metrics"].get(metric) is not None for m in result["methods"])
+
+
+def _panels(result: dict) -> list[tuple[dict, str]]:
+    """(key -> ratio, title) per chart panel: the fixed workload's two, then the variable-length
+    batch and the corpus where the result has them (older results do not)."""
+    r = ratios(result)
+    panels = [({k: v[0] for k, v in r.items()}, "latency / reference  (B=1; lower is faster)"),
+              ({k: v[1] for k, v in r.items()}, "throughput / reference  (B=8; higher is better)")]
+    wl = result["workload"]
+    if has_metric(result, "varlen_ms"):
+        panels.append((_ratio_to(result, "varlen_ms", result["reference"]),
+                       f"{wl.get('varlen_batch', 32)} sentences, padded: time / reference  (lower is faster)"))
+    if has_metric(result, "corpus_per_s"):
+        panels.append((_ratio_to(result, "corpus_per_s", result.get("corpus_reference")),
+                       f"corpus encode: texts/s / {result.get('corpus_reference')}  (higher is better)"))
+    return panels
+
+
 def render_chart(result: dict, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    r = ratios(result)
     methods = result["methods"]
     labels = [m["key"] for m in methods]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(methods) + 1.8), sharey=True)
+    panels = _panels(result)
+    columns = 2 if len(panels) > 2 else len(panels)
+    rows = (len(panels) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(12, rows * (0.45 * len(methods) + 1.4) + 0.4), squeeze=False)
     colors = ["#7f7f7f" if m["kind"] == "reference" else "#1f77b4" for m in methods]
-    for ax, index, title in ((axes[0], 0, "latency / reference  (B=1; lower is faster)"),
-                             (axes[1], 1, "throughput / reference  (B=8; higher is better)")):
-        values = [r[k][index] for k in labels]
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (by_key, title) in zip(axes.flat, panels):
+        values = [by_key[k] for k in labels]
         bars = ax.barh(range(len(labels)), [v or 0 for v in values], color=colors)
         ax.axvline(1.0, color="black", linewidth=0.8)
         top = max([v for v in values if v] or [1.0])
@@ -80,8 +111,8 @@ def render_chart(result: dict, path: Path) -> Path:
             ax.text((v or 0) + 0.01 * top, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8)
         ax.set_xlim(0, top * 1.18)
         ax.set_title(title, fontsize=10)
-    axes[0].set_yticks(range(len(labels)), labels, fontsize=9)
-    axes[0].invert_yaxis()
+        ax.set_yticks(range(len(labels)), labels if ax in axes[:, 0] else [], fontsize=9)
+        ax.invert_yaxis()
     wl = result["workload"]
     env = result["environment"]
     where = env.get("gpu") or f"{env.get('cpu')}, {env.get('cores')} cores"
@@ -121,6 +152,42 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def workloads_table(result: dict) -> str:
+    """The variable-length batch and the corpus, one row per method that ran either; "" for a
+    result without them (one written before these workloads existed)."""
+    varlen, corpus = has_metric(result, "varlen_ms"), has_metric(result, "corpus_per_s")
+    if not (varlen or corpus):
+        return ""
+    # The issue's targets for this batch are ratios to HF -> ORT: a column when it ran.
+    v_ort = _ratio_to(result, "varlen_ms", "onnx-reference")
+    with_ort = any(v is not None for v in v_ort.values())
+    wl = result["workload"]
+    head, rule = ["method", "key"], ["---", "---"]
+    if varlen:
+        head += [f"{wl.get('varlen_batch', 32)} sentences ms", "× ref"] + (["× onnx-reference"] if with_ort else []) \
+            + ["max abs diff (real tokens)"]
+        rule += ["---:"] * (4 if with_ort else 3)
+    if corpus:
+        head += ["corpus texts/s", f"× {result.get('corpus_reference')}", "max abs diff (embeddings)"]
+        rule += ["---:"] * 3
+    v_ref = _ratio_to(result, "varlen_ms", result["reference"])
+    c_ref = _ratio_to(result, "corpus_per_s", result.get("corpus_reference"))
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(rule) + " |"]
+    diff = lambda d: "—" if d is None else f"{d:.2g}"  # noqa: E731
+    for m in result["methods"]:
+        met, key = m["metrics"], m["key"]
+        if met.get("varlen_ms") is None and met.get("corpus_per_s") is None:
+            continue
+        row = [m["method"], f"`{key}`"]
+        if varlen:
+            row += [_fmt(met.get("varlen_ms"), 1), _fmt(v_ref[key])] + ([_fmt(v_ort[key])] if with_ort else []) \
+                + [diff(met.get("varlen_max_abs_diff"))]
+        if corpus:
+            row += [_fmt(met.get("corpus_per_s"), 1), _fmt(c_ref[key]), diff(met.get("corpus_max_abs_diff"))]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def results(root: Path = REPO_ROOT / "nest") -> list[tuple[Path, dict]]:
     return [(p, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(root.glob("*/bench*.json"))]
 
@@ -141,6 +208,11 @@ def summary(path: Path, result: dict) -> str:
             f"onnxruntime {env.get('onnxruntime')}, transformers {env.get('transformers')}. {origin}. "
             f"{wl['rounds']} interleaved rounds. Raw numbers: [`{rel}`]({rel}).", "",
             markdown_table(result)]
+    extra = workloads_table(result)
+    if extra:
+        corpus = wl.get("corpus_texts") or {}
+        text += ["", f"Variable-length batch: {wl.get('varlen_inputs', '')}. Corpus: {corpus.get('texts')} "
+                 f"{corpus.get('source', 'texts')}, batch_size {wl.get('corpus_batch')}.", "", extra]
     if chart.exists():
         text += ["", f"![{result.get('model')} {wl['device']} ratios]({chart.relative_to(REPO_ROOT) if chart.is_relative_to(REPO_ROOT) else chart})"]
     return "\n".join(text)

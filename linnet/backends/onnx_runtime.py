@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import codes
-from . import LoadContext
+from . import LoadContext, cache_dir
 from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
 
 #: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("providers",)
+OPTIONS = ("providers", "kernels")
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
 #: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `fuse_linears`:
@@ -193,23 +193,28 @@ class OnnxRuntime:
 
     backend = "onnx"
 
-    def __init__(self, ctx: LoadContext, folder: Path, providers: list):
+    def __init__(self, ctx: LoadContext, folder: Path, providers: list, kernels: str = "auto"):
         import threading
 
-        import onnxruntime as ort
-
         from .onnx_graph import layout
+        from .onnx_options import SessionChoice, choose, default_settings, session_options
 
         self.program = ctx.program
         self.folder = folder
-        self.options = ort.SessionOptions()
-        self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.options.intra_op_num_threads = physical_cores()
+        root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+        threads = physical_cores()
+        #: The session options measured for this machine and model (`onnx_options`); the
+        #: default session's when not measured (kernels="default", a provider other than CPU).
+        self.session_choice = SessionChoice({})
+        if kernels == "auto" and _provider_name(providers[0]) == "CPUExecutionProvider" \
+                and ctx.program.entries[root].result.dtype != "bf16":
+            self.session_choice = choose(folder / entry_file(root), providers, threads, cache_dir=cache_dir(),
+                                         model_key=f"{folder.name}/{entry_file(root)}")
+        self.options = session_options({**default_settings(threads), **self.session_choice.settings})
         self._providers = providers
         self._lock = threading.Lock()
         self.sessions: dict[str, object] = {}
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
-        root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
         self.generated = folder / layout(ctx.program, root)[0].file
         self.providers = self.session(root).get_providers()
 
@@ -373,7 +378,13 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
     return result.view(dtypes.by_name("bf16").numpy_type())
 
 
-def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntime:
+def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None) -> OnnxRuntime:
+    from .onnx_options import KERNEL_CHOICES
+
+    if (kernels or "auto") not in KERNEL_CHOICES:
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the onnx backend, "
+                                     f"found {kernels!r}"))
     chosen = resolve_providers(providers, device)  # before reading any weights
     dtype = _float_dtype(ctx)
     # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
@@ -387,6 +398,6 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None) -> OnnxRuntim
         _write_entry_models(ctx, folder, bf16_compute)
 
     folder = ctx.cached("onnx", "", write, options=options)
-    runtime = OnnxRuntime(ctx, folder, chosen)
+    runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto")
     runtime.bf16_compute = bf16_compute
     return runtime

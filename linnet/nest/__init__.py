@@ -527,7 +527,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     providers (onnx): ONNX Runtime execution providers, default the best available.
     kernels (torch, eager, CPU): "auto" (default) times each Linear shape once per machine and
     runs it through oneDNN with a packed weight where that is faster and exact (within 1e-5);
-    "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).
+    "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).  For onnx (CPU):
+    "auto" (default) measures ONNX Runtime session options once per machine and model and
+    takes the fastest whose output is within 1e-5 of the default session's; "default" opens
+    the default session (`linnet.backends.onnx_options`).
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact, padding-free execution);
     False runs the program exactly as written.

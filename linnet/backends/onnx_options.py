@@ -1,0 +1,258 @@
+"""The machine's fastest exact ONNX Runtime session options for a model, chosen by measuring.
+
+Which session options run a graph fastest depends on the CPU, its cores, what else runs on
+it and the graph: ORT's graph optimisation levels rewrite the graph differently (the issue
+measured ORT's transformer fusions *slower* than the plain graph on this project's machine),
+spinning worker threads trade CPU for latency, and a parallel executor helps only graphs with
+independent branches.  So nothing is assumed: at load, on CPU, the root entry's model is
+opened with each candidate in `candidates()` (one change from the default session each), all
+are timed interleaved on one probe input, and a candidate is taken only when it is faster by
+`MIN_SPEEDUP` and its output is within `TOLERANCE` of the default session's (relative to the
+output's magnitude, as `torch_kernels` does for Linear).  When several single changes win,
+their combination is measured too.  The decision is cached per machine (CPU model, logical
+cores, onnxruntime version) and model (the export's cache folder, which names its content)
+under `$LINNET_CACHE/kernels/onnx-session.json`, so later loads open one session only.
+
+`nest.load(..., backend="onnx", kernels="default")` skips all of this and uses the default
+session (`default_settings`); so does any provider other than the CPU one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("linnet.onnx")
+
+#: `nest.load(..., backend="onnx", kernels=...)`: "auto" measures and picks; "default" does not.
+KERNEL_CHOICES = ("auto", "default")
+#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
+TOLERANCE = 1e-5
+#: A candidate must beat the default session by this factor to be taken (noise margin).
+MIN_SPEEDUP = 1.05
+#: Seconds the timed rounds may take in all (the rounds shrink for slow models, never below 3).
+PROBE_BUDGET_S = 4.0
+#: Sizes tried for each free dim of the probe input, largest first (a model with fewer
+#: positions than the first fails on it and gets the next).
+PROBE_SIZES = (128, 32, 8)
+
+LEVELS = ("basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class SessionChoice:
+    settings: dict                      # what differs from the default session ({} = the default)
+    speedup: float = 1.0                # default's time / the chosen session's in the probe
+    max_error: float = 0.0              # relative max |difference| from the default session
+    measured: dict = field(default_factory=dict)  # candidate name -> speedup (for logs and info)
+
+    def describe(self) -> str:
+        if not self.settings:
+            return "default session options"
+        return ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items())) + f" (x{self.speedup:.2f})"
+
+
+def default_settings(threads: int) -> dict:
+    """The session Linnet opens without measuring: every graph optimisation, one intra-op
+    thread per physical core, sequential execution, spinning threads (ORT's default)."""
+    return {"graph_optimization_level": "all", "intra_op_num_threads": threads, "allow_spinning": True,
+            "execution_mode": "sequential"}
+
+
+def session_options(settings: dict):
+    """An `onnxruntime.SessionOptions` from a full settings dict (`default_settings` keys)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[
+        settings["graph_optimization_level"]]
+    options.intra_op_num_threads = int(settings["intra_op_num_threads"])
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings["allow_spinning"] else "0")
+    if settings["execution_mode"] == "parallel":
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        options.inter_op_num_threads = 2
+    else:
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return options
+
+
+def candidates(threads: int) -> dict[str, dict]:
+    """Name -> the changes from the default session to measure (each one change)."""
+    found = {f"level={level}": {"graph_optimization_level": level} for level in LEVELS if level != "all"}
+    logical = os.cpu_count() or threads
+    if logical != threads:
+        found[f"threads={logical}"] = {"intra_op_num_threads": logical}
+    found["no-spinning"] = {"allow_spinning": False}
+    found["parallel"] = {"execution_mode": "parallel"}
+    return found
+
+
+def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path | None,
+           model_key: str) -> SessionChoice:
+    """The fastest exact settings for `model_file` on this machine, measured once and cached."""
+    cached = _read_cache(cache_dir).get(model_key)
+    if cached is not None:
+        return cached
+    try:
+        choice = _measure(model_file, providers, threads)
+    except Exception:  # noqa: BLE001 - measuring is an optimisation; the default session stands
+        log.warning("could not measure ONNX Runtime session options for %s; using the defaults",
+                    model_file, exc_info=True)
+        return SessionChoice({})
+    if cache_dir is not None:
+        _write_cache(cache_dir, model_key, choice)
+    log.info("ONNX Runtime session for %s: %s (measured: %s)", model_file.name, choice.describe(),
+             ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()))
+    return choice
+
+
+def _measure(model_file: Path, providers: list, threads: int) -> SessionChoice:
+    import onnxruntime as ort
+
+    base = default_settings(threads)
+    open_session = lambda changes: ort.InferenceSession(  # noqa: E731
+        str(model_file), sess_options=session_options({**base, **changes}), providers=providers)
+    reference_session = open_session({})
+    feeds = probe_inputs(reference_session)
+    if feeds is None:
+        return SessionChoice({})
+    output = reference_session.get_outputs()[0].name
+    reference = reference_session.run([output], feeds)[0]
+    scale = max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+    exact: dict[str, tuple[dict, object, float]] = {}
+    for name, changes in candidates(threads).items():
+        session = open_session(changes)
+        error = _relative_error(session.run([output], feeds)[0], reference, scale)
+        if error <= TOLERANCE:
+            exact[name] = (changes, session, error)
+    speedups = _interleaved_speedups(reference_session, exact, feeds, output)
+    winners = [n for n, s in speedups.items() if s >= MIN_SPEEDUP]
+    if len(winners) > 1:  # several single changes help: measure the best of each setting together
+        combined: dict = {}
+        for name in sorted(winners, key=speedups.get):  # the faster overrides the slower per setting
+            combined.update(exact[name][0])
+        session = open_session(combined)
+        error = _relative_error(session.run([output], feeds)[0], reference, scale)
+        if error <= TOLERANCE:
+            exact = {"combined": (combined, session, error)} | {n: exact[n] for n in winners}
+            speedups = _interleaved_speedups(reference_session, exact, feeds, output)
+    best = max(speedups, key=speedups.get, default=None)
+    measured = {n: round(s, 3) for n, s in speedups.items()}
+    if best is None or speedups[best] < MIN_SPEEDUP:
+        return SessionChoice({}, measured=measured)
+    changes, _, error = exact[best]
+    return SessionChoice(dict(changes), round(speedups[best], 3), error, measured)
+
+
+def probe_inputs(session) -> dict | None:
+    """Inputs for timing: ones for integer inputs (a valid token id, token type and mask
+    everywhere), seeded normal values for float ones; free dims 1 for a batch-like first dim
+    and the largest of `PROBE_SIZES` the model runs.  None when no size runs."""
+    generator = np.random.default_rng(0)
+    output = session.get_outputs()[0].name
+    for size in PROBE_SIZES:
+        feeds = {}
+        for arg in session.get_inputs():
+            dims = [d if isinstance(d, int) else (1 if i == 0 else size) for i, d in enumerate(arg.shape)]
+            dtype = _NUMPY.get(arg.type)
+            if dtype is None:
+                return None
+            kind = np.dtype(dtype).kind
+            feeds[arg.name] = (np.ones(dims, dtype) if kind in "iub"
+                               else generator.standard_normal(dims).astype(dtype))
+        try:
+            session.run([output], feeds)
+            return feeds
+        except Exception:  # noqa: BLE001 - too long for the model: try a shorter one
+            continue
+    return None
+
+
+_NUMPY = {"tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(float)": np.float32,
+          "tensor(float16)": np.float16, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
+
+
+def _relative_error(got: np.ndarray, want: np.ndarray, scale: float) -> float:
+    if got.shape != want.shape:
+        return float("inf")
+    if not got.size:
+        return 0.0
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
+
+
+def _interleaved_speedups(reference_session, exact: dict, feeds: dict, output: str) -> dict[str, float]:
+    """Each candidate's median speedup over the default session, timed in rotating rounds."""
+    run = lambda session: session.run([output], feeds)  # noqa: E731
+    sessions = {"default": reference_session} | {n: v[1] for n, v in exact.items()}
+    for session in sessions.values():  # warm-up: first runs allocate and pack
+        run(session)
+        run(session)
+    one_call = _seconds(lambda: run(reference_session))
+    rounds = int(min(7, max(3, PROBE_BUDGET_S / max(one_call * len(sessions), 1e-6))))
+    times: dict[str, list[float]] = {n: [] for n in sessions}
+    names = list(sessions)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_seconds(lambda: run(sessions[name])))
+    base = _median(times["default"])
+    return {n: base / _median(times[n]) for n in exact}
+
+
+def _seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+# --------------------------------------------------------------------------- the per-machine cache
+
+
+def machine_key() -> str:
+    """What a timing depends on besides the model: CPU model, logical cores, ORT version."""
+    import onnxruntime as ort
+
+    from .torch_kernels import _cpu_model
+
+    return f"{_cpu_model()}|cores={os.cpu_count()}|onnxruntime={ort.__version__}"
+
+
+def _cache_file(cache_dir: Path) -> Path:
+    return cache_dir / "kernels" / "onnx-session.json"
+
+
+def _read_cache(cache_dir: Path | None) -> dict[str, SessionChoice]:
+    if cache_dir is None:
+        return {}
+    try:
+        data = json.loads(_cache_file(cache_dir).read_text())
+        return {k: SessionChoice(**v) for k, v in data.get(machine_key(), {}).items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _write_cache(cache_dir: Path, model_key: str, choice: SessionChoice) -> None:
+    path = _cache_file(cache_dir)
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(machine_key(), {})[model_key] = vars(choice)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(temporary, path)
+    except OSError:
+        log.debug("could not write the session-option cache %s", path, exc_info=True)

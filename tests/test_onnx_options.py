@@ -1,0 +1,100 @@
+"""The onnx backend's session options: measured per machine and model, exact, cached, optional.
+
+Speed is never asserted (bench/ measures it).  These tests check that whatever the probe
+picks gives the default session's numbers within 1e-5, that a candidate outside that is
+refused however fast it is, that the choice is cached and reused, that kernels="default"
+measures nothing, and that the option is validated.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from linnet import nest
+from linnet.backends import onnx_options
+from linnet.diagnostics import LinnetError
+
+TEXTS = ["The cat sat on the mat.", "Interest rates rose again, the central bank said on Tuesday.", "Hi"]
+
+
+@pytest.fixture()
+def fresh_choice(linnet_cache):
+    """No session choice cached yet (the ONNX export itself stays cached for speed)."""
+    path = onnx_options._cache_file(linnet_cache)
+    path.unlink(missing_ok=True)
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def _embed(model):
+    return model.embed(**model.tokenizer(TEXTS))
+
+
+def test_measured_options_match_the_default_session(minilm_checkpoint, fresh_choice):
+    auto = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu")
+    default = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu", kernels="default")
+    choice = auto.runtime.session_choice
+    # Every candidate was either timed or refused as inexact; none of them silently skipped.
+    assert set(choice.measured) <= set(onnx_options.candidates(onnx_options.os.cpu_count() or 1)) | {"combined"}
+    assert choice.measured, "the probe measured nothing"
+    assert choice.max_error <= onnx_options.TOLERANCE
+    assert default.runtime.session_choice.settings == {}
+    assert np.abs(_embed(auto) - _embed(default)).max() <= 1e-5
+    tokens = auto.tokenizer(TEXTS)
+    assert np.abs(auto(**tokens) - default(**tokens)).max() <= 1e-5
+
+
+def test_the_choice_is_cached_per_machine_and_reused(minilm_checkpoint, fresh_choice, monkeypatch):
+    first = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu").runtime.session_choice
+    data = json.loads(fresh_choice.read_text())
+    assert list(data) == [onnx_options.machine_key()]
+    (entry,) = data[onnx_options.machine_key()].values()
+    assert entry["settings"] == first.settings and entry["measured"] == first.measured
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("measured again although the choice is cached")
+
+    monkeypatch.setattr(onnx_options, "_measure", must_not_measure)
+    again = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu").runtime.session_choice
+    assert again == first
+
+
+def test_kernels_default_measures_nothing(minilm_checkpoint, fresh_choice, monkeypatch):
+    monkeypatch.setattr(onnx_options, "_measure", lambda *a, **k: pytest.fail("measured with kernels='default'"))
+    model = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu", kernels="default")
+    assert model.runtime.session_choice.settings == {}
+    assert not fresh_choice.exists()
+    # The default session is the documented one: every optimisation, spinning threads, sequential.
+    assert model.runtime.options.graph_optimization_level.name == "ORT_ENABLE_ALL"
+    assert model.runtime.options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_a_fast_but_inexact_candidate_is_refused(minilm_checkpoint, fresh_choice, monkeypatch):
+    """Every candidate 'twice as fast': taken when exact, refused when outside the tolerance."""
+    monkeypatch.setattr(onnx_options, "_interleaved_speedups",
+                        lambda reference, exact, feeds, output: {name: 2.0 for name in exact})
+    model = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu", kernels="default")
+    model_file = model.runtime.folder / "model.forward.onnx"
+    taken = onnx_options._measure(model_file, ["CPUExecutionProvider"], 2)
+    assert taken.settings and taken.speedup == 2.0  # the combination of the single winners
+    monkeypatch.setattr(onnx_options, "TOLERANCE", -1.0)  # now no candidate is exact
+    refused = onnx_options._measure(model_file, ["CPUExecutionProvider"], 2)
+    assert refused.settings == {} and refused.measured == {}
+
+
+def test_settings_become_session_options():
+    settings = {**onnx_options.default_settings(3), "graph_optimization_level": "basic", "allow_spinning": False,
+                "execution_mode": "parallel"}
+    options = onnx_options.session_options(settings)
+    assert options.graph_optimization_level.name == "ORT_ENABLE_BASIC"
+    assert options.intra_op_num_threads == 3
+    assert options.execution_mode.name == "ORT_PARALLEL"
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_an_unknown_kernels_value_is_refused(minilm_checkpoint):
+    with pytest.raises(LinnetError, match="kernels must be one of auto, default") as info:
+        nest.load("all-minilm-l6-v2", backend="onnx", kernels="fastest")
+    assert info.value.diagnostics[0].code == "E0807"
