@@ -99,5 +99,22 @@ def test_kernels_option_is_validated(minilm_checkpoint):
         nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, kernels="fastest")
     assert caught.value.code == "E0802" and "kernels must be one of auto, default" in str(caught.value)
     with pytest.raises(LinnetError) as caught:
-        nest.load("all-minilm-l6-v2", backend="onnx", weights=minilm_checkpoint, kernels="auto")
-    assert caught.value.code == "E0807"
+        nest.load("all-minilm-l6-v2", backend="jax", weights=minilm_checkpoint, kernels="auto")
+    assert caught.value.code == "E0807"  # JAX has no kernel choice (ONNX's is its session options)
+
+
+def test_the_padding_free_program_runs_its_linears_on_the_chosen_kernel(minilm_checkpoint, private_cache,
+                                                                        monkeypatch):
+    """`packing=True` calls the Linears' `forward_packed*` methods, not `forward`: they must take
+    the chosen kernel too, and give the default kernel's numbers."""
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    packed = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, packing=True)
+    plain = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, packing=True, kernels="default")
+    calls = []
+    onednn = torch_kernels._onednn_linear
+    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda *a: calls.append(1) or onednn(*a))
+    batch = packed.tokenizer(TEXTS)
+    got = packed(**batch).numpy()
+    assert len(calls) >= 6 * 4  # every Linear of the six layers, at least
+    real = batch.attention_mask.astype(bool)
+    np.testing.assert_allclose(got[real], plain(**batch).numpy()[real], atol=1e-5, rtol=0)

@@ -115,19 +115,30 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
 
 
 def install_onednn(module) -> None:
-    """Run `module` through a packed oneDNN weight whenever autograd is off."""
+    """Run `module` through a packed oneDNN weight whenever autograd is off.
+
+    Every method of a generated Linear is the same `F.linear` over the last axis (`forward`,
+    and `forward_packed*`, the padding-free pass's copies for `[Tokens, In]` rows), so each is
+    rerouted alike."""
     import torch
 
     packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PROBE_ROWS)
-    generated_forward = module.forward
 
-    def forward(self, x):
-        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
-            return generated_forward(x)
-        return _onednn_linear(x, packed, self.bias)
+    def rerouted(generated):
+        def forward(self, x):
+            if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+                return generated(x)
+            return _onednn_linear(x, packed, self.bias)
+        return forward
 
-    module.forward = types.MethodType(forward, module)
+    for name in _linear_methods(module):
+        setattr(module, name, types.MethodType(rerouted(getattr(module, name)), module))
     module.linnet_kernel = "onednn"
+
+
+def _linear_methods(module) -> list[str]:
+    """`forward` and the packed variants the generated Linear class defines."""
+    return [name for name in vars(type(module)) if name == "forward" or name.startswith("forward_packed")]
 
 
 def _onednn_linear(x, packed, bias):
