@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures.gpt2 import TINY, save_gpt2, write_tiny_entry
+from fixtures.gpt2 import TINY, save_gpt2, write_synthetic_gpt2, write_tiny_entry
 from fixtures.headers import write_header_only
 from linnet import nest
 from linnet.cli.targets import locate
@@ -73,6 +73,30 @@ def test_bindings_verify_against_the_original_header_and_report_the_mask_buffers
     assert stored == 124_439_808
 
 
+@pytest.fixture(scope="module")
+def full_size(hf_cache):
+    """The full-size random checkpoint at nest/gpt2's pinned revision, and GPT2LMHeadModel
+    loaded by transformers from the same cached files."""
+    from transformers import GPT2LMHeadModel
+
+    from fixtures.gpt2 import GPT2_REPO, GPT2_REVISION
+
+    write_synthetic_gpt2(hf_cache)
+    return GPT2LMHeadModel.from_pretrained(GPT2_REPO, revision=GPT2_REVISION, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_full_size_entry_matches_transformers_on_a_left_padded_batch(full_size, backend):
+    tokens, mask, positions = left_padded([9, 5], seed=3, vocab=50257, pad=50256)
+    with torch.no_grad():
+        want = full_size(torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                         position_ids=torch.tensor(positions)).logits.numpy()
+    model = nest.load("gpt2", backend=backend)
+    got = np.asarray(model(tokens, attention_mask=mask))
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() < BOUND
+
+
 # ------------------------------------------------------------- parity with transformers
 
 
@@ -89,16 +113,16 @@ def load_tiny(tiny, backend):
     return nest.load(entry, backend=backend, weights=weights, **options)
 
 
-def left_padded(lengths: list[int], seed: int = 0):
+def left_padded(lengths: list[int], seed: int = 0, vocab: int = TINY["vocab_size"], pad: int = TINY["eos_token_id"]):
     """Random tokens, left-padded to the longest length, with the mask and the positions
     transformers' generate gives them (a running count of real tokens)."""
     rng = np.random.default_rng(seed)
     width = max(lengths)
-    tokens = rng.integers(0, TINY["vocab_size"], (len(lengths), width))
+    tokens = rng.integers(0, vocab, (len(lengths), width))
     mask = np.zeros((len(lengths), width), np.int64)
     for row, n in enumerate(lengths):
         mask[row, width - n:] = 1
-    tokens[mask == 0] = TINY["eos_token_id"]  # what GPT-2 pads with
+    tokens[mask == 0] = pad  # what GPT-2 pads with
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
     return tokens, mask, positions
 
