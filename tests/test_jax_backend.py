@@ -114,14 +114,18 @@ def test_generated_source_is_readable(minilm_jax):
     path = minilm_jax.info.generated
     source = path.read_text()
     tree = ast.parse(source)
-    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
     assert not any(isinstance(node, ast.ClassDef) for node in tree.body)  # pure functions only
-    # One function per block method, named after the Linnet block and method.
+    # One function per block method, named after the Linnet block and method; packed (the
+    # default, linnet.middle.packing) a method called only on the kept tokens is its clone
+    # `<name>_packed` (`_packed_2` for a second packing, the one keeping position 0 for pool).
+    defined = {re.sub(r"(_padded)?_packed(_\d+)?$", "", name) for name in names}
+    assert "Model_forward_packed" in names and "Model_forward" in names
     program = minilm_jax.program
     for block in program.blocks.values():
         for method in block.methods:
             assert f"{block.name}_{method}" in defined, (block.name, method)
-    assert {"split_heads", "attention_with_dropout", "layer_norm", "gelu_erf"} <= set(defined)
+    assert {"split_heads", "attention_with_dropout", "layer_norm", "gelu_erf"} <= defined
     assert "jax.nn.gelu(x, approximate=False)" in source
     assert 'for layer in params["layers"]:' in source
     # Every statement points at a Linnet line that holds code, not a blank or a comment.

@@ -2,7 +2,8 @@
 
 Speed is never asserted here (bench/ measures it); these tests check that whatever the probe
 picks gives the default kernel's numbers within 1e-5, that the choice is cached and reused,
-that autograd still sees the checkpoint's parameters, and that the option is validated.
+that a chosen Linear holds its weight once (packed) and still gives the checkpoint's values
+exactly to anything reading it, and that the option is validated.
 """
 from __future__ import annotations
 
@@ -50,13 +51,51 @@ def test_an_installed_onednn_linear_equals_f_linear_at_any_row_count(rows):
     assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
 
 
-def test_autograd_runs_the_generated_forward_and_reaches_the_parameters():
+def test_an_installed_linear_holds_its_weight_once_and_gives_it_back_exactly():
     import torch
+    import torch.nn.functional as F
 
-    module = torch.nn.Linear(16, 8)
+    module = torch.nn.Linear(48, 24)
+    weight, bias = module.weight.detach().clone(), module.bias.detach().clone()
     torch_kernels.install_onednn(module)
-    module(torch.randn(4, 16)).sum().backward()
-    assert module.weight.grad is not None and module.weight.grad.shape == (8, 16)
+    # Only the packed copy is held: the dense weight is no parameter any more ...
+    assert [name for name, _ in module.named_parameters()] == ["bias"]
+    # ... yet reading it, or the state dict, gives the original values bit for bit.
+    assert torch.equal(module.weight, weight)
+    state = module.state_dict()
+    assert list(state) == ["weight", "bias"] and torch.equal(state["weight"], weight)
+    assert torch.equal(state["bias"], bias)
+    # With autograd on, the generated forward runs over that dense weight, exactly F.linear's.
+    x = torch.randn(4, 48, requires_grad=True)
+    out = module(x)
+    assert torch.equal(out, F.linear(x, weight, bias))
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == (4, 48)
+
+
+def test_a_model_with_packed_weights_reads_back_the_checkpoint_exactly(minilm_checkpoint, private_cache,
+                                                                       monkeypatch, tmp_path):
+    """Every Linear packed (the probe forced to oneDNN), the dense pages handed back: state_dict
+    and `nest.save` still give the checkpoint's values, and the outputs are unchanged."""
+    import torch
+    from safetensors.numpy import load_file
+
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    auto = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    plain = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, kernels="default")
+    packed = [m for m in auto.runtime.model.modules() if getattr(m, "linnet_kernel", None) == "onednn"]
+    assert len(packed) == 6 * 4 + 1  # per layer fused Q/K/V, out, up, down; the pooler
+    ours, theirs = auto.runtime.model.state_dict(), plain.runtime.model.state_dict()
+    assert list(ours) == list(theirs)
+    different = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert not different, different[:5]
+    batch = auto.tokenizer(TEXTS)
+    np.testing.assert_allclose(auto(**batch).numpy(), plain(**batch).numpy(), atol=1e-5, rtol=0)
+
+    saved = load_file(str(nest.save(auto, tmp_path / "saved")))
+    original = load_file(str(minilm_checkpoint / "model.safetensors"))
+    assert set(saved) <= set(original)
+    assert all(np.array_equal(saved[k], original[k]) for k in saved)
 
 
 def test_auto_kernels_match_default_kernels_and_transformers(minilm_checkpoint, private_cache):
@@ -118,3 +157,43 @@ def test_the_padding_free_program_runs_its_linears_on_the_chosen_kernel(minilm_c
     assert len(calls) >= 6 * 4  # every Linear of the six layers, at least
     real = batch.attention_mask.astype(bool)
     np.testing.assert_allclose(got[real], plain(**batch).numpy()[real], atol=1e-5, rtol=0)
+
+
+
+def _resident_pages(tensor) -> int:
+    """How many whole pages inside `tensor` are in memory (/proc/self/pagemap's bit 63)."""
+    import os
+    import struct
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    first, last = -(-start // page), end // page
+    with open("/proc/self/pagemap", "rb") as handle:
+        handle.seek(first * 8)
+        data = handle.read((last - first) * 8)
+    return sum(entry >> 63 for (entry,) in struct.iter_unpack("<Q", data))
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pages are released on Linux only")
+def test_a_packed_weight_read_from_a_mapped_file_hands_its_pages_back(tmp_path):
+    import torch
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((512, 256)).astype(np.float32)
+    save_file({"weight": values, "bias": rng.standard_normal(512).astype(np.float32)}, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
+        weight, bias = handle.get_tensor("weight"), handle.get_tensor("bias")
+    module = torch.nn.Linear(256, 512)
+    module.weight, module.bias = torch.nn.Parameter(weight, False), torch.nn.Parameter(bias, False)
+    assert torch.equal(weight, torch.from_numpy(values))  # read: its pages are resident
+    assert _resident_pages(weight) > 100, "safetensors did not map the file (the test needs it mapped)"
+    torch_kernels.install_onednn(module)
+    assert _resident_pages(weight) == 0  # one copy of the weight in memory: the packed one
+    # A view still alive reads the file's bytes again, unchanged; so does the module.
+    assert torch.equal(weight, torch.from_numpy(values)) and torch.equal(module.weight, weight)
+    with torch.inference_mode():
+        x = torch.randn(3, 256)
+        want = torch.nn.functional.linear(x, weight, bias)
+        assert float((module(x) - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))

@@ -11,6 +11,12 @@ Every new (B, S) costs one compilation (seconds for bert-base on a small CPU); c
 (B, S) seen before reuse it.  Callers that see many lengths should pad to a few buckets, or
 use the "stablehlo" backend, which exports once with symbolic B and S (it still compiles
 per shape, but never traces the Python again).
+
+A packed entry (`linnet.middle.packing`, `nest.load(..., packing=True)`) runs its per-token
+work on `[Tokens, ...]`, whose length depends on the mask.  The runtime counts the kept
+positions before the call (`kept_count`, numpy) and passes a bucket at or above the count
+(`token_bucket`: 16, 24, 32, 48, 64, ...; at most B * S) as the static argument
+`token_bucket`, so a (B, S) compiles once per bucket it meets, not once per count.
 """
 from __future__ import annotations
 
@@ -21,14 +27,19 @@ import numpy as np
 from .. import codes
 from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
+from ..middle.packing import kept_count, token_bucket
 from . import LoadContext
+from .jax_source import BUCKET
 from .pysource import import_generated
 
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ()
-#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `pack_tokens`:
-#: the packed token count is known only at run time, and jax.jit needs static shapes.
-OPTIMIZE = ("fuse_linears", "fold_attention_scale")
+#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend, `pack_tokens`
+#: among them: measured faster on padded batches and no slower without padding (docs/backends.md,
+#: "Padding-free execution").
+OPTIMIZE = ("fuse_linears", "fold_attention_scale", "pack_tokens")
+#: `packing=True` runs packed, the token count bucketed (see the module doc).
+PACKING = True
 
 _GPU_NAMES = ("gpu", "cuda")
 
@@ -80,14 +91,23 @@ class JaxRuntime:
         self.device = resolve_device(device)
         self.module = import_generated(source_path, module_name)
         self.params = jax.device_put(params_tree(program, tensors), self.device)
-        self._entries = {name: jax.jit(self.module.ENTRIES[name]) for name in program.entries}
+        self._entries = {name: jax.jit(self.module.ENTRIES[name],
+                                       static_argnames=(BUCKET,) if e.packed_by else ())
+                         for name, e in program.entries.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
-        """The entry's result as a `jax.Array`; the first call per input shape compiles."""
+        """The entry's result as a `jax.Array`; the first call per input shape (and, packed, per
+        token bucket) compiles."""
         import jax
 
+        extra = {}
+        spec = self.program.entries[entry]
+        if spec.packed_by:
+            named = {name: a for (name, _), a in zip(spec.inputs, inputs)}
+            b, s = np.shape(named[spec.packed_by[0]])
+            extra[BUCKET] = token_bucket(kept_count(spec, named), b * s)
         arrays = [jax.device_put(a, self.device) for a in inputs]
-        return self._entries[entry](self.params, *arrays)
+        return self._entries[entry](self.params, *arrays, **extra)
 
 
 def generated_source(ctx: LoadContext) -> Path:

@@ -26,7 +26,8 @@ from ..middle import ir
 from ..diagnostics import InternalError
 from ..ops import Emissions
 from .pysource import (ATOM, OPERATORS, FunctionNamer, PyWriter, Scope, arg_texts, concat_parts, dropping_functions,
-                       emission_order, first_atom, function_call, header, py_dim, py_index_item, py_name)
+                       emission_order, first_atom, function_call, functions_reaching, header, py_dim, py_index_item,
+                       py_name)
 
 
 def jax_dtype(dtype: str) -> str:
@@ -169,8 +170,20 @@ def _emit_index(w, e: ir.Op, scope: Scope):
     return f"{first_atom(w, e, scope)}[{', '.join(py_index_item(i) for i in e.attr('items'))}]", ATOM
 
 
-EMISSIONS.refuse("pack_index", "its result's length depends on the data, and jax.jit needs static shapes "
-                 "(packing for JAX would bucket the token count; not built yet)")
+#: The keyword argument of every function that reaches a `pack_index`: the packed rows'
+#: length, a bucket at or above the kept count (`linnet.middle.packing.token_bucket`), static
+#: under `jax.jit` so a program compiles once per bucket, not once per count.  None (a caller
+#: that jits `ENTRIES` itself) takes every position, B * S: static and always enough.
+BUCKET = "token_bucket"
+
+
+@EMISSIONS.register("pack_index")
+def _emit_pack_index(w, e: ir.Op, scope: Scope):
+    # The flat positions of the kept tokens in row-major order, then flat position 0 up to the
+    # bucket's length: those extra rows are computed like any other and never unpacked (no slot
+    # reads them), so they are harmless.
+    flat = f"{first_atom(w, e, scope)}.reshape(-1)"
+    return f"jnp.nonzero({flat}, size={BUCKET} or {flat}.shape[0], fill_value=0)[0]", ATOM
 
 
 @EMISSIONS.register("pack_rows")
@@ -206,6 +219,10 @@ class JaxEmitter(PyWriter):
             fold_scope=lambda fn: blocks[fn.block].source if fn.block else "",
             name_scope=lambda fn: "")
         self.dropping = dropping_functions(program)
+        self.bucketed = functions_reaching(program, lambda e: isinstance(e, ir.Op) and e.op == "pack_index")
+
+    def _extra_params(self, fn: ir.Function) -> list[str]:
+        return [f"{BUCKET}=None"] if fn.id in self.bucketed else []
 
     def _mode_param(self, fn: ir.Function) -> str | None:
         return "rng=None"  # entries run without it: inference is eval mode
@@ -262,6 +279,8 @@ class JaxEmitter(PyWriter):
                 args.insert(0, f'{PARAMS}["{e.receiver}"]')
         if e.function in self.dropping:
             args.append("rng")
+        if e.function in self.bucketed:
+            args.append(f"{BUCKET}={BUCKET}")
         return f"{name}({', '.join(args)})"
 
 

@@ -26,7 +26,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Names the generated modules use themselves; a Linnet name equal to one gets a suffix.
 RESERVED = frozenset({"torch", "F", "nn", "jax", "jnp", "lax", "math", "np", "self", "params", "Tensor",
-                      "_dims", "_linnet", "rng", "_linnet_dropout", "_linnet_keys"}
+                      "_dims", "_linnet", "rng", "token_bucket", "_linnet_dropout", "_linnet_keys"}
                      # nn.Module's own attributes (not `forward`): a param `training` or a function
                      # `eval` must not replace them in a generated class.
                      | {"T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init",
@@ -148,6 +148,12 @@ def dropping_functions(program: ir.Program) -> set[str]:
     """The functions that apply dropout, themselves or through a callee: each takes the mode
     (torch's `training` flag, JAX's key source) as one more argument, unless it can read it
     itself (a torch method reads `self.training`)."""
+    return functions_reaching(program, lambda e: isinstance(e, ir.Op) and e.op == "dropout")
+
+
+def functions_reaching(program: ir.Program, site) -> set[str]:
+    """The functions whose body holds an expression `site` accepts, themselves or through a
+    callee (the ones that need an extra argument passed down to that expression)."""
 
     def exprs(stmts):
         for stmt in stmts:
@@ -159,13 +165,13 @@ def dropping_functions(program: ir.Program) -> set[str]:
             for a in e.args:
                 yield from walk(a)
 
-    dropping: set[str] = set()
+    reaching: set[str] = set()
     for fn_id in emission_order(program):  # callees first, so one pass settles every caller
         for e in (n for value in exprs(program.functions[fn_id].body) for n in walk(value)):
-            if (isinstance(e, ir.Op) and e.op == "dropout") or (isinstance(e, ir.Call) and e.function in dropping):
-                dropping.add(fn_id)
+            if site(e) or (isinstance(e, ir.Call) and e.function in reaching):
+                reaching.add(fn_id)
                 break
-    return dropping
+    return reaching
 
 
 PLACEHOLDER = "__linnet_function_name__"
@@ -350,10 +356,15 @@ class PyWriter:
         """The mode, as the code being written reaches it (for a dropout or a call that drops)."""
         raise NotImplementedError
 
+    def _extra_params(self, fn: ir.Function) -> list[str]:
+        """Parameters a framework adds after the mode (JAX: the packed token count's bucket)."""
+        return []
+
     def _function(self, fn: ir.Function) -> str:
         params = [py_name(name) for name, _ in fn.params]
         mode = self._mode_param(fn) if fn.id in self.dropping else None
-        signature = ", ".join(([self.receiver] if fn.block else []) + params + ([mode] if mode else []))
+        signature = ", ".join(([self.receiver] if fn.block else []) + params + ([mode] if mode else [])
+                              + self._extra_params(fn))
         where = comment_text(f"{source_label(fn.span.file)}:{fn.span.line}")
         lines = [f"def {PLACEHOLDER}({signature}):",
                  f"    # {comment_text(fn.source)}<{comment_generics(fn.generics)}>  ({where})"]

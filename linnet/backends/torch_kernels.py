@@ -9,10 +9,14 @@ is faster and its result is within `TOLERANCE` of the default kernel's (relative
 output's magnitude). Decisions are cached per machine (CPU model, thread count, torch
 version) and shape under `$LINNET_CACHE/kernels/`, so later loads do not time again.
 
-A chosen Linear keeps its parameters as they are (the checkpoint's tensors, so saving,
-`state_dict()` and gradients are unchanged); the packed copy is used only while autograd is
-off (`nest.load` runs entries under `torch.inference_mode`). Anything else, or
-`kernels="default"`, runs the generated `F.linear`.
+A chosen Linear holds its weight once, packed: the dense tensor is let go and its pages of the
+memory-mapped checkpoint handed back (bert-base's Linear weights are ~340 MB; two copies put
+Linnet's peak RSS above transformers'), and `weight` gives it back on demand,
+`packed.to_dense()`, which reproduces the checkpoint's values exactly; so does `state_dict()`. The packed weight is used only while autograd is off (`nest.load` runs
+entries under `torch.inference_mode`); anything else (or `kernels="default"`) runs the
+generated `F.linear` over the dense weight. The inference model is inference-only: training
+uses `model.torch_module()` (`linnet.nest.training`), built apart with parameters of its own,
+and saving a loaded model reads the checkpoint.
 """
 from __future__ import annotations
 
@@ -65,8 +69,8 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         key = shape_key(module.weight)
         if key not in choices:
             choices[key] = cached.get(key) or probe(module.weight, module.bias)
-        if choices[key].kernel == "onednn":
-            install_onednn(module)
+        if choices[key].kernel == "onednn" and getattr(module, "linnet_kernel", None) != "onednn":
+            install_onednn(module)  # once per module, should two instances name the same one
     if cache_dir is not None and any(k not in cached for k in choices):
         _write_cache(cache_dir, {**cached, **choices})
     used = sum(c.kernel == "onednn" for c in choices.values())
@@ -115,7 +119,8 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
 
 
 def install_onednn(module) -> None:
-    """Run `module` through a packed oneDNN weight whenever autograd is off.
+    """Run `module` through a packed oneDNN weight whenever autograd is off, and let its dense
+    weight go (see the module doc): `module.weight` is rebuilt from the packed one when read.
 
     Every method of a generated Linear is the same `F.linear` over the last axis (`forward`,
     and `forward_packed*`, the padding-free pass's copies for `[Tokens, In]` rows), so each is
@@ -134,6 +139,93 @@ def install_onednn(module) -> None:
     for name in _linear_methods(module):
         setattr(module, name, types.MethodType(rerouted(getattr(module, name)), module))
     module.linnet_kernel = "onednn"
+    module.linnet_packed_weight = packed
+    dense = module._parameters.pop("weight")
+    module.__class__ = _packed_class(type(module))
+    _release_mapped_pages(dense)
+
+
+def _release_mapped_pages(tensor) -> None:
+    """Hand back the resident pages of a tensor read from a memory-mapped checkpoint.
+
+    Checkpoint tensors are views of one private mapping of the whole file, so letting one go
+    frees nothing: the pages packing read stay resident (and in the RSS) while any other
+    tensor of the file lives.  For a page still holding the file's bytes (never written, so
+    never copied), `madvise(MADV_DONTNEED)` only drops it from memory; a later read maps the
+    file's bytes again, so no value can change.  Only whole pages inside the tensor are
+    released, and only when /proc/self/pagemap shows each of them is such a file page (an
+    anonymous page would read back as zeros); anywhere else (another OS, a copy in memory,
+    a page written to) nothing is done."""
+    import sys
+
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu":
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first or not _file_mapping(first, last) or not _only_file_pages(first, last, page):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.madvise(first, last - first, 4)  # MADV_DONTNEED; a failure only keeps the pages
+
+
+def _file_mapping(first: int, last: int) -> bool:
+    """Whether [first, last) lies in one mapping of a file (/proc/self/maps)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= first and last <= high:
+            return len(fields) == 6 and fields[5].startswith("/")
+    return False
+
+
+def _only_file_pages(first: int, last: int, page: int) -> bool:
+    """Whether every page of [first, last) is absent or a page of the file itself: per page,
+    /proc/self/pagemap's bit 63 is "present", 62 "swapped" (only anonymous pages swap), 61
+    "file page or shared"."""
+    import struct
+
+    count = (last - first) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as handle:
+            handle.seek(first // page * 8)
+            data = handle.read(count * 8)
+    except OSError:
+        return False
+    if len(data) != count * 8:
+        return False
+    for (entry,) in struct.iter_unpack("<Q", data):
+        present, swapped, file_page = entry >> 63 & 1, entry >> 62 & 1, entry >> 61 & 1
+        if swapped or (present and not file_page):
+            return False
+    return True
+
+
+_PACKED_CLASSES: dict[type, type] = {}
+
+
+def _packed_class(cls: type) -> type:
+    """`cls` whose `weight` is its packed weight made dense again, in `state_dict()` too."""
+    if cls not in _PACKED_CLASSES:
+        def weight(self):
+            return self.linnet_packed_weight.to_dense()
+
+        def _save_to_state_dict(self, destination, prefix, keep_vars):
+            destination[prefix + "weight"] = self.weight  # first, where the dense weight stood
+            cls._save_to_state_dict(self, destination, prefix, keep_vars)
+
+        _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {
+            "__doc__": cls.__doc__, "__module__": cls.__module__, "weight": property(weight),
+            "_save_to_state_dict": _save_to_state_dict})
+    return _PACKED_CLASSES[cls]
 
 
 def _linear_methods(module) -> list[str]:

@@ -71,8 +71,11 @@ class TorchRuntime:
         generated = import_generated(source_path, module_name)
         with torch.device("meta"):
             model = getattr(generated, py_name(program.root))()
-        state = {torch_param_name(name): tensor for name, tensor in tensors.items()}
+        # Taken out of `tensors` (the caller's temporary), so the model holds the only
+        # reference: a Linear run through a packed weight can then let its dense one go.
+        state = {torch_param_name(name): tensors.pop(name) for name in list(tensors)}
         model.load_state_dict(state, strict=True, assign=True)
+        del state
         self.model = model.to(self.device).eval()
         #: Shape -> the Linear kernel chosen at load (`torch_kernels`); empty when none was probed.
         self.kernels = {}

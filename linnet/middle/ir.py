@@ -215,6 +215,9 @@ class Entry:
     #: Inputs the caller may leave out (`= zeros` / `= ones`) and their fill value.  Every
     #: backend's function takes every input; the Python API fills the left-out ones.
     defaults: dict[str, int] = field(default_factory=dict)
+    #: Set by `linnet.middle.packing` when the entry runs packed: (the mask input, the fixed
+    #: positions kept besides its nonzero ones), so a runtime can count the kept tokens.
+    packed_by: tuple[str, tuple[int, ...]] | None = None
 
 
 @dataclass

@@ -636,6 +636,32 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
                                              fn.result, fn.span, fn.generics, dict(entry.dim_sources), notes)
     fn.name = f"{fn.name}_padded"  # kept for callers that are not packed (another entry)
     entry.function = wrapper
+    entry.packed_by = (mask, tuple(sorted(packer.positions)))
+
+
+def kept_count(entry: ir.Entry, inputs: dict) -> int:
+    """How many positions a packed entry keeps for these inputs (name -> array): the nonzero
+    mask positions and the fixed positions it reads (what `kept_rows` will find)."""
+    import numpy as np
+
+    mask_name, positions = entry.packed_by
+    keep = np.asarray(inputs[mask_name]) != 0
+    fixed = [p for p in positions if p < keep.shape[1]]
+    if fixed:
+        keep = keep.copy()
+        keep[:, fixed] = True
+    return int(keep.sum())
+
+
+def token_bucket(count: int, limit: int) -> int:
+    """The packed rows' length for a backend with static shapes (JAX): the first of 16, 24, 32,
+    48, 64, 96, ... (powers of two and 1.5 times them) at or above `count`, at most `limit`
+    (B * S, every position).  So a program compiles once per bucket, not once per count, and
+    wastes at most a third of its per-token work on the extra rows."""
+    bucket = 16
+    while bucket < count:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+    return min(bucket, limit)
 
 
 def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask_type: ir.TensorType):
