@@ -267,6 +267,76 @@ def test_the_generated_bindings_follow_the_mapping_table(repos):
     assert plain["pooler.dense.weight"] == "pooler.dense.weight"
 
 
+def _labels_for(arch: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers' label arguments for `arch`, ignoring some targets as collators do."""
+    mask = inputs["attention_mask"]
+    if arch == "BertForTokenClassification":
+        labels = (np.arange(mask.size).reshape(mask.shape) % len(LABELS))
+        labels[mask == 0] = -100
+        labels[:, 1] = -100
+        return {"labels": labels}
+    if arch == "BertForQuestionAnswering":  # one answer inside, one past the window (skipped)
+        return {"start_positions": np.array([2, SEQ + 3]), "end_positions": np.array([5, -1])}
+    if arch == "BertForMultipleChoice":
+        return {"labels": np.array([2, 0])}
+    return {"labels": np.array([1, -100])}
+
+
+def _reference_loss(model, inputs: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> float:
+    """transformers' `outputs.loss`, given the positions Linnet counts (real tokens only), so
+    the logits at padding agree too (question answering's softmax runs over them)."""
+    import torch
+
+    mask = inputs["attention_mask"]
+    positions = np.maximum(np.cumsum(mask != 0, axis=-1) - 1, 0)
+    t = lambda a: torch.from_numpy(np.asarray(a)).long()  # noqa: E731
+    with torch.no_grad():
+        return float(model(input_ids=t(inputs["tokens"]), token_type_ids=t(inputs["token_types"]),
+                           attention_mask=t(mask), position_ids=t(positions),
+                           **{k: t(v) for k, v in labels.items()}).loss)
+
+
+LOSS_HEADS = ("BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
+              "BertForMultipleChoice")
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("arch", LOSS_HEADS)
+def test_every_head_has_transformers_loss(repos, arch, backend):
+    repo = repos[arch]
+    model = nest.load(repo.name, backend=backend)
+    inputs = _inputs((BATCH, CHOICES, SEQ) if arch == "BertForMultipleChoice" else (BATCH, SEQ))
+    labels = _labels_for(arch, inputs)
+    expected = _reference_loss(repo.model, inputs, labels)
+    ours = _as_numpy(model.loss(input_ids=inputs["tokens"], token_type_ids=inputs["token_types"],
+                                attention_mask=inputs["attention_mask"], **labels))
+    print(f"hf loss {arch} {backend}: {float(ours):.6f} vs {expected:.6f}")
+    assert ours.shape == () and np.isfinite(expected) and expected > 0.01
+    assert abs(float(ours) - expected) <= TOLERANCE
+
+
+def test_one_label_is_a_regressor_with_mse_loss(hf_cache):
+    """num_labels == 1: transformers infers problem_type "regression"; hf: picks the
+    SequenceRegression root, whose `loss` takes float targets."""
+    repo = write_transformers_repo(hf_cache, "linnet-tests/regressor", "BertForSequenceClassification", seed=9,
+                                   id2label={0: "score"}, label2id={"score": 0})
+    model = nest.load(repo.name, backend="torch")
+    assert model.manifest.source.root == "SequenceRegression" and model.labels == ("score",)
+    inputs = _inputs((BATCH, SEQ))
+    scores = np.array([0.5, -2.0], np.float32)
+    import torch
+
+    with torch.no_grad():
+        expected = float(repo.model(input_ids=torch.from_numpy(inputs["tokens"]).long(),
+                                    token_type_ids=torch.from_numpy(inputs["token_types"]).long(),
+                                    attention_mask=torch.from_numpy(inputs["attention_mask"]).long(),
+                                    labels=torch.from_numpy(scores)).loss)
+    assert max_diff(_as_numpy(model.logits(**inputs)), _reference(repo.model, inputs).logits) <= TOLERANCE
+    ours = float(_as_numpy(model.loss(**inputs, labels=scores)))
+    print(f"hf regression loss: {ours:.6f} vs {expected:.6f}")
+    assert expected > 0.01 and abs(ours - expected) <= TOLERANCE
+
+
 # --------------------------------------------------------------------------- errors
 
 

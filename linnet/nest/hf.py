@@ -65,10 +65,13 @@ ARCHITECTURES = {
     "BertForQuestionAnswering": "QuestionAnswering",
     "BertForMultipleChoice": "MultipleChoice",
 }
+#: BertForSequenceClassification with one label is a regressor (transformers infers
+#: problem_type "regression" from num_labels == 1): a root of its own, whose `loss` is MSE.
+REGRESSION_ROOT = "SequenceRegression"
 #: The entry `model(...)` runs for each root: what the transformers class is for.
 ROOT_ENTRY = {
     "Model": "forward", "PreTraining": "forward", "MaskedLm": "mlm",
-    "SequenceClassification": "logits", "TokenClassification": "logits",
+    "SequenceClassification": "logits", REGRESSION_ROOT: "logits", "TokenClassification": "logits",
     "QuestionAnswering": "logits", "MultipleChoice": "logits",
 }
 #: Roots with a `Labels` generic, whose logits `id2label` names.
@@ -94,7 +97,7 @@ SIZES = (
 DROPOUTS = (("hidden_dropout_prob", "HiddenDropout"), ("attention_probs_dropout_prob", "AttentionDropout"))
 #: The heads whose classifier reads a dropped vector (transformers' `classifier_dropout`,
 #: falling back to the hidden rate when it is null, as the source's default does too).
-CLASSIFIER_DROPOUT = frozenset({"SequenceClassification", "TokenClassification", "MultipleChoice"})
+CLASSIFIER_DROPOUT = frozenset({"SequenceClassification", REGRESSION_ROOT, "TokenClassification", "MultipleChoice"})
 
 #: Linnet param path -> Hugging Face key: the BERT layout's table, the one zoo entries name too.
 HF_KEYS = BERT.rules
@@ -290,7 +293,9 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
                     f"gives {len(labels)} labels, but {architecture} scores exactly two per token "
                     f"(answer start and end), so num_labels must be 2")
         labels = None
-    if labels is not None:
+    if root == "SequenceClassification" and labels is not None and _is_regression(config, len(labels)):
+        root = REGRESSION_ROOT  # one output, no Labels generic: its classifier is [1, D]
+    elif labels is not None:
         generics["Labels"] = len(labels)
     _dropout_rates(config, root, generics, problem)
     # transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5.
@@ -360,6 +365,11 @@ def _labels(config: dict[str, Any], problem) -> tuple[str, ...] | None:
                                        f"{_describe(id2label) if not keys else 'ids ' + ', '.join(keys)}")
         return None
     return tuple(str(id2label[key]) for key in wanted)
+
+
+def _is_regression(config: dict[str, Any], count: int) -> bool:
+    """transformers' choice of loss for one label: MSE unless problem_type says otherwise."""
+    return count == 1 and config.get("problem_type") in (None, "regression")
 
 
 def _dropout_rates(config: dict[str, Any], root: str, generics: dict, problem) -> None:

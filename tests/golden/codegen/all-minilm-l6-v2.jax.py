@@ -31,11 +31,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:200)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:201)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:201
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:202
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:202
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:203
 
 
 def embedding(ids, table):
@@ -52,19 +52,19 @@ def layer_norm(x, weight, bias, eps):
 
 
 def LayerNorm_forward(params, x):
-    # bert::LayerNorm.forward<D=384, T=f32, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:45)
-    return layer_norm(x, params["weight"], params["bias"], 1e-12)  # nest/bert-base-uncased/src/lib.linnet:46
+    # bert::LayerNorm.forward<D=384, T=f32, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:46)
+    return layer_norm(x, params["weight"], params["bias"], 1e-12)  # nest/bert-base-uncased/src/lib.linnet:47
 
 
 def Embeddings_forward(params, tokens, token_types, positions, rng=None):
-    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:56)
-    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:63
-    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:67
+    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:57)
+    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:64
+    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:68
 
 
 def Encoder_positions(params, attention_mask):
-    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:194)
-    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:195
+    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:195)
+    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:196
 
 
 def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
@@ -74,10 +74,10 @@ def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:105)
+    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:106)
     B = x.shape[0]
     S = x.shape[1]
-    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # nest/bert-base-uncased/src/lib.linnet:108
+    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # nest/bert-base-uncased/src/lib.linnet:109
 
 
 def Linear_forward(params, x):
@@ -86,11 +86,11 @@ def Linear_forward(params, x):
 
 
 def Attention_forward(params, x, mask, rng=None):
-    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:90)
+    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:91)
     B = x.shape[0]
     S = x.shape[1]
-    context = attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:91
-    return Linear_forward(params["out"], jnp.transpose(context, (0, 2, 1, 3)).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:100
+    context = attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:92
+    return Linear_forward(params["out"], jnp.transpose(context, (0, 2, 1, 3)).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:101
 
 
 def gelu_erf(x):
@@ -99,63 +99,63 @@ def gelu_erf(x):
 
 
 def EncoderLayer_forward(params, x, mask, rng=None):
-    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:122)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:124
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], gelu_erf(Linear_forward(params["up"], h))), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:125
+    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:123)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:125
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], gelu_erf(Linear_forward(params["up"], h))), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:126
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:160)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:166
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:167
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:168
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:169
-    return x  # nest/bert-base-uncased/src/lib.linnet:171
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:161)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:167
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:168
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:169
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:170
+    return x  # nest/bert-base-uncased/src/lib.linnet:172
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:240)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:246
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:241)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:247
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:177)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:183
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:184
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:185
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:185
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:186
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:185
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:185
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:189
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:178)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:184
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:185
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:186
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:186
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:187
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:186
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:186
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:190
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:251)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:257
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:252)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:258
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:133)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:134
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:134)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:135
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:261)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:267
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:268
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:262)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:268
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:269
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:273)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:279
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:280
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:281
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:282
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:283
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:284
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:280
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:281
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:282
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:283
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:284
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:285
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and

@@ -29,10 +29,10 @@ def attention_with_dropout(q, k, v, scale, mask, rate, training):
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:105)
+    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:106)
     B = x.shape[0]
     S = x.shape[1]
-    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # nest/bert-base-uncased/src/lib.linnet:108
+    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # nest/bert-base-uncased/src/lib.linnet:109
 
 
 def gelu_erf(x):
@@ -41,7 +41,7 @@ def gelu_erf(x):
 
 
 class LayerNorm(nn.Module):
-    """bert::LayerNorm<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:41)"""
+    """bert::LayerNorm<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:42)"""
 
     def __init__(self):
         super().__init__()
@@ -49,12 +49,12 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(384, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x):
-        # bert::LayerNorm.forward<D=384, T=f32, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:45)
-        return layer_norm(x, self.weight, self.bias, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:46
+        # bert::LayerNorm.forward<D=384, T=f32, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:46)
+        return layer_norm(x, self.weight, self.bias, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:47
 
 
 class Embeddings(nn.Module):
-    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:50)"""
+    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:51)"""
 
     def __init__(self):
         super().__init__()
@@ -64,9 +64,9 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm()
 
     def forward(self, tokens, token_types, positions):
-        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:56)
-        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:63
-        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:67
+        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:57)
+        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:64
+        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:68
 
 
 class Linear_384_384(nn.Module):
@@ -83,7 +83,7 @@ class Linear_384_384(nn.Module):
 
 
 class Attention(nn.Module):
-    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:78)"""
+    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:79)"""
 
     def __init__(self):
         super().__init__()
@@ -93,11 +93,11 @@ class Attention(nn.Module):
         self.out = Linear_384_384()
 
     def forward(self, x, mask):
-        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:90)
+        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:91)
         B = x.shape[0]
         S = x.shape[1]
-        context = attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:91
-        return self.out(context.permute(0, 2, 1, 3).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:100
+        context = attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:92
+        return self.out(context.permute(0, 2, 1, 3).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:101
 
 
 class Linear_384_1536(nn.Module):
@@ -127,7 +127,7 @@ class Linear_1536_384(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:111)"""
+    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:112)"""
 
     def __init__(self):
         super().__init__()
@@ -138,13 +138,13 @@ class EncoderLayer(nn.Module):
         self.output_norm = LayerNorm()
 
     def forward(self, x, mask):
-        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:122)
-        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:124
-        return self.output_norm(h + F.dropout(self.down(gelu_erf(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:125
+        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:123)
+        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:125
+        return self.output_norm(h + F.dropout(self.down(gelu_erf(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:126
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:140)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:141)"""
 
     def __init__(self):
         super().__init__()
@@ -152,50 +152,50 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:200)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:201)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:201
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:202
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:202
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:203
 
     def positions(self, attention_mask):
-        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:194)
-        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:195
+        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:195)
+        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:196
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:160)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:166
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:167
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:168
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:169
-        return x  # nest/bert-base-uncased/src/lib.linnet:171
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:161)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:167
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:168
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:169
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:170
+        return x  # nest/bert-base-uncased/src/lib.linnet:172
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:177)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:183
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:184
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:185
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:185
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:186
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:185
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:185
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:189
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:178)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:184
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:185
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:186
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:186
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:187
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:186
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:186
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:190
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:130)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:131)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:133)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:134
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:134)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:135
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:214)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:215)"""
 
     def __init__(self):
         super().__init__()
@@ -203,25 +203,25 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:240)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:246
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:241)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:247
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:251)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:257
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:252)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:258
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:261)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:267
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:268
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:262)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:268
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:269
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:273)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:279
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:280
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:281
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:282
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:283
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:284
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:280
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:281
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:282
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:283
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:284
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:285
