@@ -218,6 +218,9 @@ SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate"
 # -- lower: the backend-neutral IR (middle/lower.py)
 DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",
     "lowering: a function needs a dim at run time that no input axis carries")
+BAD_ACTIVATION: Final = _register("E0602", "bad-activation", "lower",
+    "lowering: `activation(x, kind)` given a kind that names no activation (0 gelu_erf, 1 gelu_tanh, "
+    "2 relu, 3 silu)")
 
 # -- runtime: calling a loaded model (runtime.py and the backends' runtimes)
 BAD_INPUT: Final = _register("E0701", "bad-input", "runtime",
