@@ -340,6 +340,12 @@ WEIGHTS_NOT_GIVEN: Final = _register("E1012", "weights-not-given", "weights",
     "the entry declares no `[weights]` and no `weights=` was passed")
 BAD_WEIGHTS_DTYPE: Final = _register("E1013", "bad-weights-dtype", "weights",
     "an unknown or non-float dtype name was asked for")
+TF_CHECKPOINT_UNREADABLE: Final = _register("E1014", "tf-checkpoint-unreadable", "weights",
+    "`linnet convert-tf`: a TensorFlow checkpoint (`.index` and `.data-*` files) that is missing, "
+    "truncated, compressed, or holds a tensor kind it cannot convert")
+TF_CHECKPOINT_NAME: Final = _register("E1015", "tf-checkpoint-name", "weights",
+    "`linnet convert-tf`: a variable name that transformers' BERT layout has no key for, or a "
+    "missing or unreadable `bert_config.json`")
 
 # -- hf: entries built from a Hugging Face repo (nest/hf.py)
 BAD_HF_NAME: Final = _register("E1101", "bad-hf-name", "hf",
