@@ -181,15 +181,18 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
     from linnet.backends.onnx_graph import layout
 
     program = copy.copy(minilm_onnx.program)
+    # The entries for transformers' other inputs (position_ids, inputs_embeds, head_mask)
+    # take inputs of their own, so each is a file of its own.
+    others = [(f"model.{name}.onnx", [name]) for name in ("forward_positioned", "forward_embeds", "forward_head_masked")]
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
-        ("model.onnx", ["forward", "hidden_states", "pool", "embed"])]
+        ("model.onnx", ["forward", "hidden_states", "pool", "embed"]), *others]
     pool = program.entries["pool"]
     renamed = ir.Entry(pool.name, pool.function, pool.dims, [("ids", pool.inputs[0][1]), *pool.inputs[1:]],
                        pool.result, pool.preconditions, pool.dim_sources)
     program.entries = {**program.entries, "pool": renamed}
     assert [(f.file, f.entries) for f in layout(program, "pool")] == [
         ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"]),
-        ("model.hidden_states.onnx", ["hidden_states"]), ("model.embed.onnx", ["embed"])]
+        ("model.hidden_states.onnx", ["hidden_states"]), ("model.embed.onnx", ["embed"]), *others]
 
 
 # ------------------------------------------------------------------------ f16 / bf16

@@ -100,8 +100,9 @@ def triton_io(ctx, entries=None) -> TritonIO:
 
     Every entry becomes one output; the entries must take the same inputs, since they are
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
-    without it, entries that take labels after the first entry's inputs (the loss entries) are
-    left out.
+    without it, the entries that take the first entry's inputs are served and the others left
+    out: the losses, whose labels an inference client does not have, and the entries for
+    transformers' other inputs (`position_ids`, `inputs_embeds`, `head_mask`).
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -154,7 +155,7 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     """The program's entries in program order, or those `entries` names (entry or output names)."""
     every = list(program.entries.values())
     if entries is None:
-        return [e for e in every if not _takes_labels_too(e, every[0])]
+        return [e for e in every if e.inputs == every[0].inputs]
     by_name = {}
     for entry in every:
         by_name[entry.name] = by_name[ctx.output_name(entry.name)] = entry
@@ -167,13 +168,6 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
                      f"to serve; its entries (outputs) are: {known}")
     keep = {id(by_name[n]) for n in wanted}
     return [e for e in every if id(e) in keep]
-
-
-def _takes_labels_too(entry: ir.Entry, first: ir.Entry) -> bool:
-    """An entry that takes the first entry's inputs and more after them: a training loss,
-    whose labels an inference client does not have. Served only when named in `entries`."""
-    n = len(first.inputs)
-    return len(entry.inputs) > n and entry.inputs[:n] == first.inputs
 
 
 # ---------------------------------------------------------------------- config
@@ -473,7 +467,11 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
         graphs.mkdir()
+        # The graphs of entries this model does not serve (losses, other inputs) stay out.
+        unserved = {f"model.{e}.onnx" for e in ctx.program.entries} - {f"model.{o.entry}.onnx" for o in io.outputs}
         for i, path in enumerate(built):
+            if i and path.name in unserved:
+                continue
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
         _write_graphs(graphs, io)
