@@ -282,7 +282,10 @@ def test_linnet_build_backend_onnx(minilm_checkpoint, tmp_path, capsys):
     assert "model.onnx" in capsys.readouterr().out
     with capsys.disabled():
         print(f"\nlinnet build --backend onnx (minilm): {seconds:.1f} s")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    # model.onnx serves the entries that take ids; those for transformers' other inputs are
+    # graphs of their own beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "model.forward_embeds.onnx", "model.forward_head_masked.onnx", "model.forward_positioned.onnx", "model.onnx"]
     onnx.checker.check_model(str(tmp_path / "model.onnx"), full_check=True)
 
 
@@ -299,7 +302,9 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     # The passes nest.load runs (packing among them), so the built graph is the loaded one.
     ctx, _ = nest.prepare("all-minilm-l6-v2", optimize=nest.backend_passes("onnx", integration("onnx")))
     paths = build(ctx, tmp_path)
-    assert [p.name for p in paths] == ["model.onnx", "model.onnx.data"]
+    assert [p.name for p in paths][:2] == ["model.onnx", "model.onnx.data"]
+    assert {p.name for p in paths[2:]} == {f"model.{entry}.onnx{data}" for data in ("", ".data")
+                                          for entry in ("forward_positioned", "forward_embeds", "forward_head_masked")}
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
     tokens, token_types = random_inputs(1, 9)
