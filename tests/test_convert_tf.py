@@ -7,10 +7,13 @@ google-research/bert names its variables, plus Adam slots and `global_step`.
 * Without TensorFlow: the pure-Python bundle reader recovers exactly the values handed to
   TensorFlow (values.npz); the converted folder has transformers' BertForPreTraining keys
   and loads into it with nothing missing but the tied decoder; the errors name the problem.
+* With TensorFlow (the `[tf]` extra): the reader equals TensorFlow's own
+  `tf.train.load_variable` on every variable, bit for bit.
 * With TensorFlow and a transformers that still has `load_tf_weights_in_bert` (removed in
+  transformers 5, so in an environment of its own: sentence-transformers 6 needs
   transformers 5): every converted tensor equals what that function loads, and the zoo's BERT
   source run from the converted file equals that transformers model within 1e-5 on torch,
-  ONNX Runtime and JAX.  Without them the test fails, naming the packages (the `[tf]` extra).
+  ONNX Runtime and JAX.  Without them these tests fail, naming the packages.
 """
 from __future__ import annotations
 
@@ -81,13 +84,29 @@ def test_the_folder_loads_into_bert_for_pretraining(converted):
     assert model.config.architectures == ["BertForPreTraining"] and model.config.vocab_size == 99
 
 
+def _tensorflow():
+    try:
+        import tensorflow
+    except ImportError:
+        pytest.fail("this test needs TensorFlow to read the checkpoint: pip install tensorflow-cpu "
+                    "(the `[tf]` extra)")
+    return tensorflow
+
+
+def test_the_reader_equals_tensorflows_own():
+    tf = _tensorflow()
+    listed = dict(tf.train.list_variables(str(PREFIX)))
+    read = read_checkpoint(PREFIX)
+    assert set(read) == set(listed)
+    for name, shape in listed.items():
+        theirs = tf.train.load_variable(str(PREFIX), name)
+        assert list(read[name].shape) == list(shape) and read[name].dtype == theirs.dtype, name
+        np.testing.assert_array_equal(read[name], theirs, err_msg=name)
+
+
 def _reference_via_transformers():
     """BertForPreTraining filled by transformers' own load_tf_weights_in_bert."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        pytest.fail("this test needs TensorFlow to read the checkpoint as transformers does: "
-                    "pip install tensorflow-cpu (the `[tf]` extra)")
+    _tensorflow()
     from transformers import BertConfig, BertForPreTraining
     from transformers.models.bert import modeling_bert
 
