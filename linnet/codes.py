@@ -221,6 +221,9 @@ SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate"
 # -- lower: the backend-neutral IR (middle/lower.py)
 DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",
     "lowering: a function needs a dim at run time that no input axis carries")
+BAD_ACTIVATION: Final = _register("E0602", "bad-activation", "lower",
+    "lowering: `activation(x, kind)` given a kind that names no activation (0 gelu_erf, 1 gelu_tanh, "
+    "2 relu, 3 silu)")
 
 # -- runtime: calling a loaded model (runtime.py and the backends' runtimes)
 BAD_INPUT: Final = _register("E0701", "bad-input", "runtime",
@@ -343,6 +346,12 @@ BAD_WEIGHTS_DTYPE: Final = _register("E1013", "bad-weights-dtype", "weights",
 CANNOT_SAVE: Final = _register("E1020", "cannot-save", "weights",
     "`nest.save` was given something it cannot save: not a loaded model or a trainable module, "
     "or `params=` without every param of the model")
+TF_CHECKPOINT_UNREADABLE: Final = _register("E1014", "tf-checkpoint-unreadable", "weights",
+    "`linnet convert-tf`: a TensorFlow checkpoint (`.index` and `.data-*` files) that is missing, "
+    "truncated, compressed, or holds a tensor kind it cannot convert")
+TF_CHECKPOINT_NAME: Final = _register("E1015", "tf-checkpoint-name", "weights",
+    "`linnet convert-tf`: a variable name that transformers' BERT layout has no key for, or a "
+    "missing or unreadable `bert_config.json`")
 
 # -- hf: entries built from a Hugging Face repo (nest/hf.py)
 BAD_HF_NAME: Final = _register("E1101", "bad-hf-name", "hf",

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Protocol
 
+from . import codes
 from .dims import DimExpr
-from .prims import (PrimCall, _binary_broadcast, _cast, _compare, _concat, _cumsum, _dropout, _iota, _matmul, _permute,
+from .prims import (PrimCall, _activation, _binary_broadcast, _cast, _compare, _concat, _cumsum, _dropout, _iota, _matmul, _permute,
                     _reduce, _reshape, _select, _softmax, _take, _transpose, _unary_float)
 from .types import ALL_DTYPES, Type
 
@@ -93,6 +94,8 @@ class PrimLowering(Protocol):
 
     def read_dims(self, dims: Iterable[DimExpr]) -> None: ...  # the emitted code reads these dims at run time
 
+    def fail(self, code: codes.ErrorCode, message: str) -> NoReturn: ...  # a user error at this call
+
 
 def _lower_axis(low: PrimLowering):
     """The reductions, softmax and cumsum: the axis literal (softmax's defaults to -1) as an attr."""
@@ -123,6 +126,23 @@ def _lower_permute(low: PrimLowering):
 
 def _lower_iota(low: PrimLowering):
     return low.op((), n=low.static(0), dtype=low.dtype_args[0])
+
+
+#: What `activation(x, kind)` computes, by kind number: transformers' `hidden_act` names map
+#: onto these (linnet.nest.hf), and each backend writes each one as its framework's own kernel.
+ACTIVATIONS = ("gelu_erf", "gelu_tanh", "relu", "silu")
+ACTIVATION = AttrType("activation kind", lambda v: v in ACTIVATIONS)
+
+
+def _lower_activation(low: PrimLowering):
+    """The kind number (known once the generics are) becomes the op's `kind` attr."""
+    kind = getattr(low.arg(1), "value", None)
+    if kind is None or kind != int(kind) or not 0 <= kind < len(ACTIVATIONS):
+        low.fail(codes.BAD_ACTIVATION,
+                 f"`activation` takes a kind number in 0..{len(ACTIVATIONS) - 1} "
+                 f"({', '.join(f'{i} {name}' for i, name in enumerate(ACTIVATIONS))}), found "
+                 f"{'a value known only at run time' if kind is None else kind}")
+    return low.op((low.arg(0),), kind=ACTIVATIONS[int(kind)])
 
 
 def _lower_cast(low: PrimLowering):
@@ -222,6 +242,10 @@ _RECORDS = [
     # each element is zeroed with probability `rate` and the rest scaled by 1 / (1 - rate).
     _primitive("dropout", "dropout(x: Tensor[*S; T: Float], rate: T) -> Tensor[*S; T]  "
                "(identity in eval mode)", _dropout, (2,)),
+    # One of several elementwise functions, picked when the model is built (BERT's `hidden_act`).
+    _primitive("activation", "activation(x: Tensor[*S; T: Float], kind) -> Tensor[*S; T]  "
+               "(kind: 0 gelu_erf, 1 gelu_tanh, 2 relu, 3 silu)", _activation, (2,),
+               attrs=(("kind", ACTIVATION),), lower=_lower_activation),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
                _cumsum, (2,), attrs=_AXIS, lower=_lower_axis),
     _primitive("concat", "concat(a: Tensor[..., N, ...; T], b: Tensor[..., M, ...; T], axis) -> "

@@ -227,6 +227,17 @@ def _dropout(call: PrimCall) -> Type:
     return t
 
 
+def _activation(call: PrimCall) -> Type:
+    """`activation(x, kind)`: an elementwise function of x picked by one number known when the
+    model is built (a literal or a Real generic), so its type is x's."""
+    t = call.float_tensor(0)
+    kind = call.tensor(1, "a number (the kind of activation)")
+    if kind.dims or not kind.weak:
+        call.fail(f"the kind of `activation` must be one number known when the model is built (a literal or "
+                  f"a Real generic), found {kind}", 1)
+    return t
+
+
 def _cumsum(call: PrimCall) -> Type:
     t = call.tensor(0)
     _axis(call, t, 1)

@@ -134,14 +134,14 @@ TINY_LABELS = 3
 TINY_GENERICS = {"Vocab": 99, "MaxPositions": 64, "TypeVocab": 2, "D": 32, "Heads": 4, "Inner": 37,
                  "Layers": 2}
 
-def save_transformers_model(cls_name: str, folder: Path, seed: int = 0) -> Path:
+def save_transformers_model(cls_name: str, folder: Path, seed: int = 0, num_labels: int | None = None) -> Path:
     """A randomly initialised `transformers.<cls_name>` saved by transformers itself. Every
     tensor is drawn at random, biases and LayerNorms included (their init is 0 and 1), so a
     param bound to the wrong tensor cannot go unnoticed."""
     import transformers
 
     torch.manual_seed(seed)
-    labels = 2 if cls_name == "BertForQuestionAnswering" else TINY_LABELS
+    labels = num_labels or (2 if cls_name == "BertForQuestionAnswering" else TINY_LABELS)
     model = getattr(transformers, cls_name)(transformers.BertConfig(**TINY_CONFIG, num_labels=labels))
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied params come once

@@ -267,6 +267,115 @@ def test_the_generated_bindings_follow_the_mapping_table(repos):
     assert plain["pooler.dense.weight"] == "pooler.dense.weight"
 
 
+def _labels_for(arch: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers' label arguments for `arch`, ignoring some targets as collators do."""
+    mask = inputs["attention_mask"]
+    if arch == "BertForTokenClassification":
+        labels = (np.arange(mask.size).reshape(mask.shape) % len(LABELS))
+        labels[mask == 0] = -100
+        labels[:, 1] = -100
+        return {"labels": labels}
+    if arch == "BertForQuestionAnswering":  # one answer inside, one past the window (skipped)
+        return {"start_positions": np.array([2, SEQ + 3]), "end_positions": np.array([5, -1])}
+    if arch == "BertForMultipleChoice":
+        return {"labels": np.array([2, 0])}
+    return {"labels": np.array([1, -100])}
+
+
+def _reference_loss(model, inputs: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> float:
+    """transformers' `outputs.loss`, given the positions Linnet counts (real tokens only), so
+    the logits at padding agree too (question answering's softmax runs over them)."""
+    import torch
+
+    mask = inputs["attention_mask"]
+    positions = np.maximum(np.cumsum(mask != 0, axis=-1) - 1, 0)
+    t = lambda a: torch.from_numpy(np.asarray(a)).long()  # noqa: E731
+    with torch.no_grad():
+        return float(model(input_ids=t(inputs["tokens"]), token_type_ids=t(inputs["token_types"]),
+                           attention_mask=t(mask), position_ids=t(positions),
+                           **{k: t(v) for k, v in labels.items()}).loss)
+
+
+LOSS_HEADS = ("BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
+              "BertForMultipleChoice")
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("arch", LOSS_HEADS)
+def test_every_head_has_transformers_loss(repos, arch, backend):
+    repo = repos[arch]
+    model = nest.load(repo.name, backend=backend)
+    inputs = _inputs((BATCH, CHOICES, SEQ) if arch == "BertForMultipleChoice" else (BATCH, SEQ))
+    labels = _labels_for(arch, inputs)
+    expected = _reference_loss(repo.model, inputs, labels)
+    ours = _as_numpy(model.loss(input_ids=inputs["tokens"], token_type_ids=inputs["token_types"],
+                                attention_mask=inputs["attention_mask"], **labels))
+    print(f"hf loss {arch} {backend}: {float(ours):.6f} vs {expected:.6f}")
+    assert ours.shape == () and np.isfinite(expected) and expected > 0.01
+    assert abs(float(ours) - expected) <= TOLERANCE
+
+
+def test_one_label_is_a_regressor_with_mse_loss(hf_cache):
+    """num_labels == 1: transformers infers problem_type "regression"; hf: picks the
+    SequenceRegression root, whose `loss` takes float targets."""
+    repo = write_transformers_repo(hf_cache, "linnet-tests/regressor", "BertForSequenceClassification", seed=9,
+                                   id2label={0: "score"}, label2id={"score": 0})
+    model = nest.load(repo.name, backend="torch")
+    assert model.manifest.source.root == "SequenceRegression" and model.labels == ("score",)
+    inputs = _inputs((BATCH, SEQ))
+    scores = np.array([0.5, -2.0], np.float32)
+    import torch
+
+    with torch.no_grad():
+        expected = float(repo.model(input_ids=torch.from_numpy(inputs["tokens"]).long(),
+                                    token_type_ids=torch.from_numpy(inputs["token_types"]).long(),
+                                    attention_mask=torch.from_numpy(inputs["attention_mask"]).long(),
+                                    labels=torch.from_numpy(scores)).loss)
+    assert max_diff(_as_numpy(model.logits(**inputs)), _reference(repo.model, inputs).logits) <= TOLERANCE
+    ours = float(_as_numpy(model.loss(**inputs, labels=scores)))
+    print(f"hf regression loss: {ours:.6f} vs {expected:.6f}")
+    assert expected > 0.01 and abs(ours - expected) <= TOLERANCE
+
+
+HIDDEN_ACTS = ("relu", "silu", "swish", "gelu_new", "gelu_pytorch_tanh")
+
+
+@pytest.fixture(scope="module")
+def activation_repos(hf_cache):
+    """A masked-LM repo per `hidden_act`: the activation runs in every feed-forward layer and
+    in the masked-LM head's transform, so both places are compared."""
+    return {act: write_transformers_repo(hf_cache, f"linnet-tests/act-{act.replace('_', '-')}", "BertForMaskedLM",
+                                         seed=30 + i, hidden_act=act)
+            for i, act in enumerate(HIDDEN_ACTS)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["stablehlo"])
+@pytest.mark.parametrize("act", HIDDEN_ACTS)
+def test_every_supported_hidden_act_matches_transformers(activation_repos, act, backend):
+    repo = activation_repos[act]
+    model = nest.load(repo.name, backend=backend)
+    expected_kind = hf.HIDDEN_ACTS[act]
+    assert model.manifest.generics["HiddenAct"] == list(hf.ops.ACTIVATIONS).index(expected_kind)
+    inputs = _inputs((BATCH, SEQ), seed=3)
+    mask = inputs["attention_mask"]
+    ours, theirs = _real(_as_numpy(model.mlm(**inputs)), mask), _real(_reference(repo.model, inputs).logits, mask)
+    diff = max_diff(ours, theirs)
+    print(f"hf hidden_act {act} {backend}: max |diff| {diff:.2e}")
+    assert diff <= TOLERANCE
+
+
+def test_the_activation_changes_the_outputs(activation_repos):
+    """The relu repo's weights under transformers' default "gelu" give other logits than
+    ours: the generic reaches the generated code, it is not the old GELU under another name."""
+    relu = activation_repos["relu"]
+    model = nest.load(relu.name, backend="torch")
+    as_gelu = build_model("BertForMaskedLM", 0, hidden_act="gelu")
+    as_gelu.load_state_dict(relu.model.state_dict())
+    inputs = _inputs((BATCH, SEQ), seed=3)
+    mask = inputs["attention_mask"]
+    assert max_diff(_real(_as_numpy(model.mlm(**inputs)), mask), _real(_reference(as_gelu, inputs).logits, mask)) > 1e-3
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -290,12 +399,12 @@ def test_missing_config_field_names_the_field_and_the_file(hf_cache):
 
 def test_every_config_problem_is_reported_at_once(hf_cache):
     repo = _config_repo(hf_cache, "several-problems", num_hidden_layers=DROP, intermediate_size="wide",
-                        hidden_act="relu")
+                        hidden_act="gelu_fast")
     err = raises("E1103", nest.load, repo.name)
     messages = [d.message for d in err.diagnostics]
     assert any("has no `num_hidden_layers`" in m for m in messages)
     assert any('`intermediate_size` must be a positive integer' in m and '"wide"' in m for m in messages)
-    assert any(d.code == "E1106" and 'hidden_act = "relu"' in d.message for d in err.diagnostics)
+    assert any(d.code == "E1106" and 'hidden_act = "gelu_fast"' in d.message for d in err.diagnostics)
 
 
 def test_unknown_architecture_lists_the_supported_ones(hf_cache):
@@ -317,8 +426,9 @@ def test_another_model_type_is_refused(hf_cache):
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("hidden_act", "relu", 'hidden_act = "relu"; the BERT source computes exact (erf) GELU'),
-    ("hidden_act", "gelu_new", 'hidden_act = "gelu_new"'),
+    ("hidden_act", "gelu_fast", 'hidden_act = "gelu_fast"; the BERT source computes "gelu", "gelu_new", '
+                                '"gelu_pytorch_tanh", "relu", "silu", "swish" only'),
+    ("hidden_act", "mish", 'hidden_act = "mish"'),
     ("position_embedding_type", "relative_key", 'position_embedding_type = "relative_key"'),
     ("layer_norm_eps", 1e-5, "layer_norm_eps = 1e-05; the BERT source's LayerNorm uses 1e-12"),
     ("is_decoder", True, "is_decoder = true"),

@@ -29,11 +29,21 @@ def minilm(request, minilm_checkpoint):
 
 def test_aliases_give_the_same_outputs_on_every_entry(minilm):
     tokens, types, mask = _batch()
+    # The entries for transformers' other inputs take one more; forward_embeds takes vectors
+    # instead of ids, so only its token_type_ids alias applies.
+    more = {"forward_positioned": {"position_ids": np.maximum(np.cumsum(mask, 1) - 1, 0)},
+            "forward_head_masked": {"head_mask": np.ones((6, 12), np.float32)}}
     for entry in minilm.entries:
         run = getattr(minilm, entry)
-        by_name = _np(run(tokens=tokens, token_types=types, attention_mask=mask))
-        by_alias = _np(run(input_ids=tokens, token_type_ids=types, attention_mask=mask))
-        mixed = _np(run(input_ids=tokens, token_types=types, attention_mask=mask))
+        if entry == "forward_embeds":
+            vectors = np.random.default_rng(0).standard_normal((*tokens.shape, 384)).astype(np.float32)
+            assert np.array_equal(_np(run(vectors, token_type_ids=types, attention_mask=mask)),
+                                  _np(run(vectors, token_types=types, attention_mask=mask)))
+            continue
+        extra = more.get(entry, {})
+        by_name = _np(run(tokens=tokens, token_types=types, attention_mask=mask, **extra))
+        by_alias = _np(run(input_ids=tokens, token_type_ids=types, attention_mask=mask, **extra))
+        mixed = _np(run(input_ids=tokens, token_types=types, attention_mask=mask, **extra))
         assert by_alias.shape == by_name.shape and np.array_equal(by_alias, by_name), entry
         assert np.array_equal(mixed, by_name), entry
     # the root entry through __call__, and the token types left to their zeros default

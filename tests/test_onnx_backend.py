@@ -181,15 +181,18 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
     from linnet.backends.onnx_graph import layout
 
     program = copy.copy(minilm_onnx.program)
+    # The entries for transformers' other inputs (position_ids, inputs_embeds, head_mask)
+    # take inputs of their own, so each is a file of its own.
+    others = [(f"model.{name}.onnx", [name]) for name in ("forward_positioned", "forward_embeds", "forward_head_masked")]
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
-        ("model.onnx", ["forward", "hidden_states", "pool", "embed"])]
+        ("model.onnx", ["forward", "hidden_states", "pool", "embed"]), *others]
     pool = program.entries["pool"]
     renamed = ir.Entry(pool.name, pool.function, pool.dims, [("ids", pool.inputs[0][1]), *pool.inputs[1:]],
                        pool.result, pool.preconditions, pool.dim_sources)
     program.entries = {**program.entries, "pool": renamed}
     assert [(f.file, f.entries) for f in layout(program, "pool")] == [
         ("model.onnx", ["pool"]), ("model.forward.onnx", ["forward"]),
-        ("model.hidden_states.onnx", ["hidden_states"]), ("model.embed.onnx", ["embed"])]
+        ("model.hidden_states.onnx", ["hidden_states"]), ("model.embed.onnx", ["embed"]), *others]
 
 
 # ------------------------------------------------------------------------ f16 / bf16
@@ -279,7 +282,10 @@ def test_linnet_build_backend_onnx(minilm_checkpoint, tmp_path, capsys):
     assert "model.onnx" in capsys.readouterr().out
     with capsys.disabled():
         print(f"\nlinnet build --backend onnx (minilm): {seconds:.1f} s")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    # model.onnx serves the entries that take ids; those for transformers' other inputs are
+    # graphs of their own beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "model.forward_embeds.onnx", "model.forward_head_masked.onnx", "model.forward_positioned.onnx", "model.onnx"]
     onnx.checker.check_model(str(tmp_path / "model.onnx"), full_check=True)
 
 
@@ -296,7 +302,9 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     # The passes nest.load runs (packing among them), so the built graph is the loaded one.
     ctx, _ = nest.prepare("all-minilm-l6-v2", optimize=nest.backend_passes("onnx", integration("onnx")))
     paths = build(ctx, tmp_path)
-    assert [p.name for p in paths] == ["model.onnx", "model.onnx.data"]
+    assert [p.name for p in paths][:2] == ["model.onnx", "model.onnx.data"]
+    assert {p.name for p in paths[2:]} == {f"model.{entry}.onnx{data}" for data in ("", ".data")
+                                          for entry in ("forward_positioned", "forward_embeds", "forward_head_masked")}
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
     tokens, token_types = random_inputs(1, 9)

@@ -39,7 +39,7 @@ def test_qkv_fused_and_power_of_two_scale_folded(bert_program):
         0, ((0, 768, 0.125),))
     assert len(out.plan) == 2 * 12
     # 1 / sqrt(64) = 0.125 is a power of two, so the call now passes scale 1.
-    call = out.program.functions["Attention.forward"].body[1].value
+    call = out.program.functions["Attention.context"].body[1].value  # where BERT calls attention
     assert call.args[3] == ir.Scalar(1.0, call.args[3].type)
     # The input program is left as it was.
     assert [p for p, _ in bert_program.param_paths()] == before

@@ -56,14 +56,15 @@ def test_zoo_entries_name_their_outputs():
 
 def test_an_entry_not_listed_keeps_its_own_name(tmp_path):
     ctx, _ = prepare(tiny_entry(tmp_path, 'forward = "hidden"'), need_weights=False)
-    assert [ctx.output_name(e) for e in ctx.program.entries] == ["hidden", "hidden_states", "pool", "embed"]
+    assert [ctx.output_name(e) for e in ctx.program.entries] == [
+        "hidden", "hidden_states", "pool", "embed", "forward_positioned", "forward_embeds", "forward_head_masked"]
 
 
 def test_outputs_must_name_real_entries(tmp_path):
     with pytest.raises(LinnetError) as info:
         prepare(tiny_entry(tmp_path, 'forward = "hidden"\nclassify = "logits"'), need_weights=False)
     (diagnostic,) = info.value.diagnostics
-    assert diagnostic.code == "E0913" and "classify" in diagnostic.message and "forward, hidden_states, pool, embed" in diagnostic.message
+    assert diagnostic.code == "E0913" and "classify" in diagnostic.message and "forward, hidden_states, pool, embed, forward_positioned" in diagnostic.message
 
 
 def test_two_entries_may_not_share_an_output_name(tmp_path):

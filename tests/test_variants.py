@@ -42,6 +42,10 @@ VARIANTS = {
     "bert-base-cased": (BASE, 28996, False, 108_932_934),
     "bert-large-cased": (LARGE, 28996, False, 334_661_958),
     "bert-base-multilingual-cased": (BASE, 119547, False, 178_566_653),
+    # Not in temp.md: 167,356,416 is BertModel at the published config (vocab 105879), and
+    # the pre-training heads the cased checkpoint stores add 699,545 (transform 590,592,
+    # LayerNorm 1,536, bias 105,879, next-sentence 1,538).
+    "bert-base-multilingual-uncased": (BASE, 105879, True, 167_356_416 + 699_545),
     "bert-base-chinese": (BASE, 21128, False, 102_882_442),
 }
 

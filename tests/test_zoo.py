@@ -66,7 +66,8 @@ def test_bert_base_is_110m_by_the_formula(listing):
 
 
 @pytest.mark.parametrize("name", ["all-minilm-l6-v2", "bert-base-cased", "bert-large-uncased",
-                                  "bert-base-multilingual-cased", "bert-base-chinese", "bert-large-cased"])
+                                  "bert-base-multilingual-cased", "bert-base-multilingual-uncased",
+                                  "bert-base-chinese", "bert-large-cased"])
 def test_every_bert_entry_matches_the_formula(listing, name):
     root = listing[name].root
     assert listing[name].params == bert_param_count(generics(name), heads=root == "PreTraining")

@@ -69,6 +69,16 @@ def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
     return f"jax.nn.gelu({arg_texts(w, e, scope)[0]}, approximate=True)", ATOM
 
 
+#: `activation`'s kinds (linnet.ops.ACTIVATIONS) as jax.nn calls, the ones std's functions fuse to.
+_ACTIVATIONS = {"gelu_erf": "jax.nn.gelu({}, approximate=False)", "gelu_tanh": "jax.nn.gelu({}, approximate=True)",
+                "relu": "jax.nn.relu({})", "silu": "jax.nn.silu({})"}
+
+
+@EMISSIONS.register("activation")
+def _emit_activation(w, e: ir.Op, scope: Scope):
+    return _ACTIVATIONS[e.attr("kind")].format(arg_texts(w, e, scope)[0]), ATOM
+
+
 @EMISSIONS.register("dropout")
 def _emit_dropout(w, e: ir.Op, scope: Scope):
     # The identity unless the caller passed a key source (`rng`): inference never does.

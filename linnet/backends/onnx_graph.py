@@ -517,6 +517,23 @@ def _emit_gelu_tanh(site: _Site, e: ir.Op, args: list[str]) -> str:
                              number(0.5, dtype)])
 
 
+@EMISSIONS.register("activation")
+def _emit_activation(site: _Site, e: ir.Op, args: list[str]) -> str:
+    """Each kind as std's function of that name is written (erf GELU in the form ONNX Runtime
+    fuses into one Gelu kernel, as `_fused_gelu_erf`)."""
+    (x,), kind, dtype = args, e.attr("kind"), e.type.dtype
+    number = site.em._scalar
+    if kind == "gelu_erf":
+        erf = site.node("Erf", [site.node("Div", [x, number(1.4142135623730951, dtype)])])
+        return site.node("Mul", [site.node("Mul", [x, site.node("Add", [erf, number(1.0, dtype)])]),
+                                 number(0.5, dtype)])
+    if kind == "gelu_tanh":
+        return _emit_gelu_tanh(site, e, args)
+    if kind == "relu":
+        return site.node("Relu", [x])
+    return site.node("Mul", [x, site.node("Sigmoid", [x])])  # silu
+
+
 @EMISSIONS.register("select")
 def _emit_select(site: _Site, e: ir.Op, args: list[str]) -> str:
     return site.node("Where", args)

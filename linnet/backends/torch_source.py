@@ -75,6 +75,16 @@ def _emit_gelu_tanh(w, e: ir.Op, scope: Scope):
     return f'F.gelu({arg_texts(w, e, scope)[0]}, approximate="tanh")', ATOM
 
 
+#: `activation`'s kinds (linnet.ops.ACTIVATIONS) as torch calls, the ones std's functions fuse to.
+_ACTIVATIONS = {"gelu_erf": "F.gelu({})", "gelu_tanh": 'F.gelu({}, approximate="tanh")', "relu": "F.relu({})",
+                "silu": "F.silu({})"}
+
+
+@EMISSIONS.register("activation")
+def _emit_activation(w, e: ir.Op, scope: Scope):
+    return _ACTIVATIONS[e.attr("kind")].format(arg_texts(w, e, scope)[0]), ATOM
+
+
 @EMISSIONS.register("dropout")
 def _emit_dropout(w, e: ir.Op, scope: Scope):
     # The identity unless the module is in train mode (`.train()`), as transformers' nn.Dropout.

@@ -207,6 +207,21 @@ def cmd_run(args, parser) -> int:
     return EXIT_OK
 
 
+def cmd_convert_tf(args, parser) -> int:
+    """A google-research/bert TensorFlow checkpoint as model.safetensors + config.json."""
+    from pathlib import Path
+
+    from ..nest.tf_checkpoint import convert
+
+    started = time.perf_counter()
+    written = convert(Path(args.prefix), Path(args.output), Path(args.config) if args.config else None)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"converted {args.prefix} in {time.perf_counter() - started:.1f} s; load it with "
+          f"nest.load(..., weights=\"{written[0]}\") or transformers' from_pretrained(\"{args.output}\")")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -275,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     run.add_argument("--revision", help="another revision of the weights repo")
     run.set_defaults(handler=cmd_run)
+    tf = sub.add_parser("convert-tf", help="convert a google-research/bert TensorFlow checkpoint to safetensors "
+                                           "in transformers' key layout")
+    tf.add_argument("prefix", metavar="CKPT_PREFIX", help="the checkpoint's files without their suffix, "
+                                                         "e.g. uncased_L-12_H-768_A-12/bert_model.ckpt")
+    tf.add_argument("-o", "--output", required=True, metavar="FOLDER",
+                    help="where model.safetensors and config.json are written")
+    tf.add_argument("--config", metavar="FILE", help="bert_config.json (default: the one beside the checkpoint)")
+    tf.set_defaults(handler=cmd_convert_tf)
     zoo = sub.add_parser("zoo", help="list the zoo's entries: title, size, license, tags, pinned weights")
     zoo.add_argument("--json", action="store_true", help="print the listing as JSON")
     zoo.set_defaults(handler=cmd_zoo)

@@ -523,6 +523,9 @@ class _PrimLowering:
         for d in dims:
             self._scope.used_dims |= set(d.free_symbols())
 
+    def fail(self, code, message: str):
+        raise LinnetError(Diagnostic(code, message, self._node.span))
+
     def op(self, args, **attrs) -> ir.Op:
         return ir.Op(self._node.name, tuple(args), self.result, self._node.span.line, tuple(attrs.items()))
 

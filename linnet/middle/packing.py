@@ -56,7 +56,7 @@ ZERO, ONE, TRUE, NEG = "zero", "one", "true", "neg"
 #: An additive mask at or below this removes a key exactly: exp(-10000) is 0 in f32 and f16.
 NEG_LIMIT = -1e4
 
-_UNARY = {"neg", "erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh", "cast"}
+_UNARY = {"neg", "erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh", "activation", "cast"}
 _ELEMENTWISE = _UNARY | {"add", "sub", "mul", "div", "maximum", "minimum", "less", "greater", "equal", "select",
                           "dropout"}  # dropout: elementwise, its rate a scalar
 _ALONG_AXIS = {"softmax", "cumsum", "sum", "mean", "max"}

@@ -5,8 +5,8 @@ What a zoo entry writes down by hand, this module reads from the repo, the way t
 
 1. `config.json` (at the revision asked for, "main" by default) says which head the
    checkpoint carries (`architectures[0]` picks the root block of the BERT source) and its
-   sizes (the root's generics).  Settings the source cannot compute exactly (another
-   activation, relative positions, another LayerNorm epsilon, a decoder) are refused.
+   sizes (the root's generics).  Settings the source cannot compute exactly (an
+   activation it lacks, relative positions, another LayerNorm epsilon, a decoder) are refused.
 2. The checkpoint (`model.safetensors`, or the shards a `model.safetensors.index.json`
    names) is indexed from its headers, and each Linnet param is bound to the key transformers
    stores it under (`HF_KEYS`, the BERT table of `linnet.nest.layouts`), in whichever spelling the checkpoint uses (`bert.` prefix or
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import codes, dtypes
+from .. import codes, dtypes, ops
 from ..backends import cache_dir
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, error
 from ..middle.params import ParamSpec
@@ -65,10 +65,13 @@ ARCHITECTURES = {
     "BertForQuestionAnswering": "QuestionAnswering",
     "BertForMultipleChoice": "MultipleChoice",
 }
+#: BertForSequenceClassification with one label is a regressor (transformers infers
+#: problem_type "regression" from num_labels == 1): a root of its own, whose `loss` is MSE.
+REGRESSION_ROOT = "SequenceRegression"
 #: The entry `model(...)` runs for each root: what the transformers class is for.
 ROOT_ENTRY = {
     "Model": "forward", "PreTraining": "forward", "MaskedLm": "mlm",
-    "SequenceClassification": "logits", "TokenClassification": "logits",
+    "SequenceClassification": "logits", REGRESSION_ROOT: "logits", "TokenClassification": "logits",
     "QuestionAnswering": "logits", "MultipleChoice": "logits",
 }
 #: Roots with a `Labels` generic, whose logits `id2label` names.
@@ -92,9 +95,14 @@ SIZES = (
 
 #: config.json dropout rates -> the BERT source's Real generics (training only; eval is exact).
 DROPOUTS = (("hidden_dropout_prob", "HiddenDropout"), ("attention_probs_dropout_prob", "AttentionDropout"))
+#: config.json `hidden_act` -> the `activation` kind (linnet.ops.ACTIVATIONS) the BERT source's
+#: `HiddenAct` generic selects. "gelu_new" and "gelu_pytorch_tanh" are one formula, GELU's
+#: tanh approximation (transformers computes the first by hand, the second with torch's kernel).
+HIDDEN_ACTS = {"gelu": "gelu_erf", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+               "silu": "silu", "swish": "silu"}
 #: The heads whose classifier reads a dropped vector (transformers' `classifier_dropout`,
 #: falling back to the hidden rate when it is null, as the source's default does too).
-CLASSIFIER_DROPOUT = frozenset({"SequenceClassification", "TokenClassification", "MultipleChoice"})
+CLASSIFIER_DROPOUT = frozenset({"SequenceClassification", REGRESSION_ROOT, "TokenClassification", "MultipleChoice"})
 
 #: Linnet param path -> Hugging Face key: the BERT layout's table, the one zoo entries name too.
 HF_KEYS = BERT.rules
@@ -290,9 +298,14 @@ def read_config(path: Path, name: str, *, eps: float) -> _Config:
                     f"gives {len(labels)} labels, but {architecture} scores exactly two per token "
                     f"(answer start and end), so num_labels must be 2")
         labels = None
-    if labels is not None:
+    if root == "SequenceClassification" and labels is not None and _is_regression(config, len(labels)):
+        root = REGRESSION_ROOT  # one output, no Labels generic: its classifier is [1, D]
+    elif labels is not None:
         generics["Labels"] = len(labels)
     _dropout_rates(config, root, generics, problem)
+    act = config.get("hidden_act", "gelu")
+    if isinstance(act, str) and act in HIDDEN_ACTS:
+        generics["HiddenAct"] = ops.ACTIVATIONS.index(HIDDEN_ACTS[act])
     # transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5.
     dtype = dtypes.lookup("torch", config.get("dtype", config.get("torch_dtype")))
     if dtype is not None and dtype.linnet and dtype.is_float:
@@ -362,6 +375,11 @@ def _labels(config: dict[str, Any], problem) -> tuple[str, ...] | None:
     return tuple(str(id2label[key]) for key in wanted)
 
 
+def _is_regression(config: dict[str, Any], count: int) -> bool:
+    """transformers' choice of loss for one label: MSE unless problem_type says otherwise."""
+    return count == 1 and config.get("problem_type") in (None, "regression")
+
+
 def _dropout_rates(config: dict[str, Any], root: str, generics: dict, problem) -> None:
     """The config's dropout rates as the generics that apply them; absent keys keep the source's 0.1."""
     fields = DROPOUTS + ((("classifier_dropout", "ClassifierDropout"),) if root in CLASSIFIER_DROPOUT else ())
@@ -379,9 +397,9 @@ def _unsupported(config: dict[str, Any], eps: float) -> list[str]:
     """What the config asks for that the BERT source does not compute, as messages."""
     messages = []
     act = config.get("hidden_act", "gelu")
-    if act != "gelu":
-        messages.append(f"sets hidden_act = {_describe(act)}; the BERT source computes exact (erf) GELU, "
-                        f"which transformers calls \"gelu\", and no other activation")
+    if not (isinstance(act, str) and act in HIDDEN_ACTS):
+        messages.append(f"sets hidden_act = {_describe(act)}; the BERT source computes "
+                        f"{', '.join(map(json.dumps, HIDDEN_ACTS))} only")
     positions = config.get("position_embedding_type", "absolute")
     if positions != "absolute":
         messages.append(f"sets position_embedding_type = {_describe(positions)}; the BERT source adds "

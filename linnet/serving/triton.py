@@ -100,7 +100,9 @@ def triton_io(ctx, entries=None) -> TritonIO:
 
     Every entry becomes one output; the entries must take the same inputs, since they are
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
-    without it, those `_served_by_default` (not the losses, not a decoder's cache steps).
+    without it, those `_served_by_default`: the losses (whose labels an inference client does
+    not have), the entries for transformers' other inputs (`position_ids`, `inputs_embeds`,
+    `head_mask`) and a decoder's cache steps are left out.
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -495,7 +497,11 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
         graphs.mkdir()
+        # The graphs of entries this model does not serve (losses, other inputs) stay out.
+        unserved = {f"model.{e}.onnx" for e in ctx.program.entries} - {f"model.{o.entry}.onnx" for o in io.outputs}
         for i, path in enumerate(built):
+            if i and path.name in unserved:
+                continue
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
         _write_graphs(graphs, io)
