@@ -97,6 +97,16 @@ def test_the_full_size_entry_matches_transformers_on_a_left_padded_batch(full_si
     assert np.abs(got[real] - want[real]).max() < BOUND
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_the_full_size_entry_refuses_a_generation_past_1024_positions(full_size, backend, monkeypatch):
+    model = nest.load("gpt2", backend=backend)
+    monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
+    with pytest.raises(Exception) as caught:
+        model.generate(np.zeros((1, 1000), np.int64), 30)
+    assert caught.value.code == "E0702"
+    assert "1000 tokens plus max_new_tokens = 30 needs 1030 positions, but gpt2 has 1024" in caught.value.render()
+
+
 # ------------------------------------------------------------- parity with transformers
 
 
