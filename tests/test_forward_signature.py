@@ -1,6 +1,6 @@
 """The rest of transformers' BertModel forward signature, as entries of the BERT source's
-`Model` root: `position_ids` (`forward_positioned`), `inputs_embeds` (`forward_embeds`),
-and `head_mask` (`forward_head_masked`).
+`Model` and `PreTraining` roots: `position_ids` (`forward_positioned`), `inputs_embeds`
+(`forward_embeds`), and `head_mask` (`forward_head_masked`).
 
 A small random BertModel written by transformers' own `save_pretrained` is loaded through a
 toy zoo entry over the zoo's BERT source (the helpers of test_heads.py) and by transformers
@@ -29,28 +29,36 @@ def _np(x) -> np.ndarray:
     return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
+#: Root block -> the transformers class whose checkpoint it reads. `PreTraining` is the root
+#: of bert-base-uncased and the other google-bert entries; its entries run its `bert` sub.
+ROOTS = {"Model": "BertModel", "PreTraining": "BertForPreTraining"}
+
+
+@pytest.fixture(scope="module", params=list(ROOTS))
+def tiny_model(request, tmp_path_factory):
     import json
 
-    base = tmp_path_factory.mktemp("signature")
-    entry = write_tiny_entry(base / "entry", "Model", "forward", name="tiny-model-signature")
-    # BertModel's save_pretrained writes its keys without the heads' `bert.` prefix.
-    bindings = json.loads((entry / "bindings.json").read_text())
-    (entry / "bindings.json").write_text(json.dumps({k: v.removeprefix("bert.") for k, v in bindings.items()}))
-    return entry, save_transformers_model("BertModel", base / "hf", seed=41)
+    root = request.param
+    base = tmp_path_factory.mktemp(f"signature-{root.lower()}")
+    entry = write_tiny_entry(base / "entry", root, "forward", name=f"tiny-{root.lower()}-signature")
+    if root == "Model":  # BertModel's save_pretrained writes its keys without the heads' `bert.` prefix.
+        bindings = json.loads((entry / "bindings.json").read_text())
+        (entry / "bindings.json").write_text(json.dumps({k: v.removeprefix("bert.") for k, v in bindings.items()}))
+    return entry, save_transformers_model(ROOTS[root], base / "hf", seed=41), root
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model):
-    from transformers import BertModel
+    """The transformers BertModel the entries mirror (a BertForPreTraining's `bert`)."""
+    import transformers
 
-    return BertModel.from_pretrained(tiny_model[1], attn_implementation="eager").eval()
+    model = getattr(transformers, ROOTS[tiny_model[2]]).from_pretrained(tiny_model[1], attn_implementation="eager")
+    return (model.bert if tiny_model[2] == "PreTraining" else model).eval()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def model(request, tiny_model):
-    entry, checkpoint = tiny_model
+    entry, checkpoint, _ = tiny_model
     return nest.load(entry, backend=request.param, weights=checkpoint / "model.safetensors")
 
 

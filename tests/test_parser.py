@@ -50,28 +50,31 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     module = parse_file(BERT)
     assert module.name == "bert"
     assert [".".join(u.path) for u in module.uses] == [
-        "std.nn.activations", "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.losses",
+        "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.losses",
         "std.nn.norm"]
     blocks = {i.name: i for i in module.items if isinstance(i, ast.Block)}
     assert list(blocks) == ["LayerNorm", "Embeddings", "Attention", "EncoderLayer", "Pooler", "Encoder", "Model",
                             "MaskedLmHead", "PreTraining", "MaskedLm", "SequenceClassification",
-                            "TokenClassification", "QuestionAnswering", "MultipleChoice"]
-    assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["split_heads"]
+                            "SequenceRegression", "TokenClassification", "QuestionAnswering", "MultipleChoice"]
+    assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["split_heads", "span_loss"]
     model = blocks["Model"]
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
-                                                "Layers", "T", "HiddenDropout", "AttentionDropout"]
-    assert [g.kind for g in model.generics][-2:] == ["Real", "Real"]
+                                                "Layers", "T", "HiddenDropout", "AttentionDropout", "HiddenAct"]
+    assert [g.kind for g in model.generics][-3:] == ["Real", "Real", "Real"]
     assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
                                                                          ("hidden_states", True, True),
                                                                          ("pool", True, True),
                                                                          ("embed", True, True),
+                                                                         ("forward_positioned", True, True),
+                                                                         ("forward_embeds", True, True),
+                                                                         ("forward_head_masked", True, True),
                                                                          ("word_table", False, True),
                                                                          ("pool_hidden", False, True)]
     assert len(model.where) == 2
     pretraining = blocks["PreTraining"]
     assert [(f.name, f.is_entry) for f in pretraining.functions] == [
-        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("mlm", True), ("nsp", True),
-        ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
+        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("forward_positioned", True),
+        ("forward_embeds", True), ("forward_head_masked", True), ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")
