@@ -18,14 +18,14 @@ session (`default_settings`); so does any provider other than the CPU one.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .measured import cpu_model, median, read_decisions, record_decisions, seconds
 
 log = logging.getLogger("linnet.onnx")
 
@@ -194,26 +194,15 @@ def _interleaved_speedups(reference_session, exact: dict, feeds: dict, output: s
     for session in sessions.values():  # warm-up: first runs allocate and pack
         run(session)
         run(session)
-    one_call = _seconds(lambda: run(reference_session))
+    one_call = seconds(lambda: run(reference_session))
     rounds = int(min(7, max(3, PROBE_BUDGET_S / max(one_call * len(sessions), 1e-6))))
     times: dict[str, list[float]] = {n: [] for n in sessions}
     names = list(sessions)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_seconds(lambda: run(sessions[name])))
-    base = _median(times["default"])
-    return {n: base / _median(times[n]) for n in exact}
-
-
-def _seconds(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+            times[name].append(seconds(lambda: run(sessions[name])))
+    base = median(times["default"])
+    return {n: base / median(times[n]) for n in exact}
 
 
 # --------------------------------------------------------------------------- the per-machine cache
@@ -223,9 +212,7 @@ def machine_key() -> str:
     """What a timing depends on besides the model: CPU model, logical cores, ORT version."""
     import onnxruntime as ort
 
-    from .torch_kernels import _cpu_model
-
-    return f"{_cpu_model()}|cores={os.cpu_count()}|onnxruntime={ort.__version__}"
+    return f"{cpu_model()}|cores={os.cpu_count()}|onnxruntime={ort.__version__}"
 
 
 def _cache_file(cache_dir: Path) -> Path:
@@ -236,23 +223,10 @@ def _read_cache(cache_dir: Path | None) -> dict[str, SessionChoice]:
     if cache_dir is None:
         return {}
     try:
-        data = json.loads(_cache_file(cache_dir).read_text())
-        return {k: SessionChoice(**v) for k, v in data.get(machine_key(), {}).items()}
-    except (OSError, ValueError, TypeError):
+        return {k: SessionChoice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
+    except TypeError:  # written by another version of this module
         return {}
 
 
 def _write_cache(cache_dir: Path, model_key: str, choice: SessionChoice) -> None:
-    path = _cache_file(cache_dir)
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        data = {}
-    data.setdefault(machine_key(), {})[model_key] = vars(choice)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(temporary, path)
-    except OSError:
-        log.debug("could not write the session-option cache %s", path, exc_info=True)
+    record_decisions(_cache_file(cache_dir), machine_key(), {model_key: vars(choice)})

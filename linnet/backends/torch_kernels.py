@@ -20,16 +20,14 @@ and saving a loaded model reads the checkpoint.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import platform
-import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
+from .measured import cpu_model, median, read_decisions, record_decisions, seconds
 
 log = logging.getLogger("linnet.torch")
 
@@ -111,9 +109,9 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
         error = float((candidate - reference).abs().max()) / scale
         default_times, onednn_times = [], []
         for _ in range(rounds):
-            default_times.append(_seconds(lambda: F.linear(x, weight, bias)))
-            onednn_times.append(_seconds(lambda: _onednn_linear(x, packed, bias)))
-    speedup = _median(default_times) / _median(onednn_times)
+            default_times.append(seconds(lambda: F.linear(x, weight, bias)))
+            onednn_times.append(seconds(lambda: _onednn_linear(x, packed, bias)))
+    speedup = median(default_times) / median(onednn_times)
     kernel = "onednn" if error <= TOLERANCE and speedup >= MIN_SPEEDUP else "default"
     return Choice(kernel, round(speedup, 3), error)
 
@@ -239,17 +237,6 @@ def _onednn_linear(x, packed, bias):
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _seconds(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 # --------------------------------------------------------------------------- the per-machine cache
 
 
@@ -257,17 +244,7 @@ def machine_key() -> str:
     """What a timing depends on besides the shape: CPU model, threads, torch version."""
     import torch
 
-    return f"{_cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
 def _cache_file(cache_dir: Path) -> Path:
@@ -278,24 +255,10 @@ def _read_cache(cache_dir: Path | None) -> dict[str, Choice]:
     if cache_dir is None:
         return {}
     try:
-        data = json.loads(_cache_file(cache_dir).read_text())
-        entries = data.get(machine_key(), {})
-        return {k: Choice(**v) for k, v in entries.items()}
-    except (OSError, ValueError, TypeError):
+        return {k: Choice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
+    except TypeError:  # written by another version of this module
         return {}
 
 
 def _write_cache(cache_dir: Path, choices: dict[str, Choice]) -> None:
-    path = _cache_file(cache_dir)
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        data = {}
-    data[machine_key()] = {k: vars(c) for k, c in choices.items()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(temporary, path)
-    except OSError:
-        log.debug("could not write the kernel cache %s", path, exc_info=True)
+    record_decisions(_cache_file(cache_dir), machine_key(), {k: vars(c) for k, c in choices.items()})

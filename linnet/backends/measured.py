@@ -1,0 +1,64 @@
+"""What the load-time probes share: timing, and a per-machine cache of what they chose.
+
+`torch_kernels` (a Linear kernel per shape) and `onnx_options` (ONNX Runtime session options
+per export) each time candidates once per machine and keep the decision in a JSON file under
+`$LINNET_CACHE/kernels/`: `{machine key: {what was measured: decision}}`, where the machine key
+names what a timing depends on (CPU model, threads, library version). A cache that cannot be
+read is an empty one; one that cannot be written is skipped, since a probe only costs time.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+log = logging.getLogger("linnet.measured")
+
+
+def seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def read_decisions(path: Path, machine: str) -> dict[str, dict]:
+    """This machine's decisions in the cache file, as plain dicts (empty when unreadable)."""
+    try:
+        entries = json.loads(path.read_text()).get(machine, {})
+        return entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def record_decisions(path: Path, machine: str, decisions: dict[str, dict]) -> None:
+    """Add `decisions` to this machine's in the cache file, atomically (other machines' kept)."""
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(machine, {}).update(decisions)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(temporary, path)
+    except OSError:
+        log.debug("could not write the cache %s", path, exc_info=True)
