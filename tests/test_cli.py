@@ -73,13 +73,14 @@ def test_sequence_too_long_names_the_precondition():
     result = linnet("check", "nest/bert-base-uncased", "--set", "S=600")
     assert result.returncode == 1
     assert_no_traceback(result)
-    for occurrence, entry in enumerate(("forward", "hidden_states", "pool", "embed", "mlm", "nsp")):
+    for occurrence, entry in enumerate(("forward", "hidden_states", "pool", "embed", "forward_positioned",
+                                        "forward_embeds", "forward_head_masked", "mlm", "nsp")):
         assert f"entry `{entry}` cannot run" in result.stderr
         assert f"lib.linnet:{entry_precondition(occurrence)}" in result.stderr
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "9 errors" in result.stderr  # every entry declares it (6, and the 3 losses)
+    assert "12 errors" in result.stderr  # every entry declares it (9, and the 3 losses)
     assert result.stdout == ""
 
 
@@ -119,7 +120,7 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 9  # one per entry, the 3 losses too
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 12  # one per entry, the 3 losses too
     span = report["diagnostics"][0]["span"]
     line, col = map(int, entry_precondition(0).split(":"))
     assert span["file"].endswith("lib.linnet") and (span["line"], span["col"]) == (line, col)
