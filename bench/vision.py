@@ -140,7 +140,11 @@ def _synthetic_vit_base() -> Path:
 
     fixtures()  # puts tests/ on sys.path
     from fixtures.checkpoints import repo_cache_dir
-    from fixtures.vit_checkpoints import VIT_REPO, VIT_REVISION, write_synthetic_vit_base
+    from fixtures.vit_checkpoints import (
+        VIT_REPO,
+        VIT_REVISION,
+        write_synthetic_vit_base,
+    )
 
     hub = bench_cache() / "hf" / "hub"
     snapshot = repo_cache_dir(hub, VIT_REPO) / "snapshots" / VIT_REVISION
@@ -187,18 +191,10 @@ def measure(methods: dict[str, VisionMethod], size: int, repeats: int, rounds: i
     return results
 
 
-def _cpu() -> str:
-    import platform
-
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def run(model: str, keys: list[str], repeats: int, rounds: int = 3) -> dict:
     import os
 
+    from linnet.backends.measured import cpu_model
     from linnet.nest.manifest import load_manifest
 
     size = int(load_manifest(model).generics["Image"])
@@ -216,7 +212,7 @@ def run(model: str, keys: list[str], repeats: int, rounds: int = 3) -> dict:
             result["throughput_vs_onnx_reference"] = (result["throughput_b8_images_per_s"]
                                                       / onnx["throughput_b8_images_per_s"])
     return {"model": model, "image_size": size, "repeats": repeats, "rounds": rounds, "weights": origin,
-            "cpu": _cpu(), "cores": os.cpu_count(), "methods": results}
+            "cpu": cpu_model(), "cores": os.cpu_count(), "methods": results}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,7 @@ class Workload:
         return d
 
     @classmethod
-    def quick(cls, device: str = "cpu") -> "Workload":
+    def quick(cls, device: str = "cpu") -> Workload:
         return cls(device=device, warmup=1, rounds=1, latency_iters=2, throughput_iters=1, triton_concurrency=2,
                    perf_concurrency=(1,), perf_measurement_ms=3000, varlen_iters=1, corpus_size=64, corpus_rounds=1)
 
@@ -126,17 +126,6 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -147,10 +136,12 @@ def load_average() -> list[float] | None:
 def environment(device: str) -> dict:
     import torch
 
+    from linnet.backends.measured import cpu_model
+
     env = {
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
