@@ -1,11 +1,12 @@
 """Padding-free execution (linnet/middle/packing.py): what the pass proves and refuses, and that a
 packed model computes the padded model's numbers at every real token.
 
-MiniLM with its real weights runs packed and unpacked on torch, ONNX and JAX, against
-transformers, on batches whose rows have very different lengths (1 token, a few, the full
-width), padded on the right and on the left, for every entry (forward, hidden_states, pool,
-embed).  JAX runs the token count rounded up to a bucket (static shapes for jax.jit), so it
-compiles once per bucket; StableHLO (one export, symbolic shapes) refuses `packing=True`.  A
+MiniLM with its real weights runs packed and unpacked on torch, ONNX, JAX and StableHLO,
+against transformers, on batches whose rows have very different lengths (1 token, a few, the
+full width), padded on the right and on the left, for every entry (forward, hidden_states,
+pool, embed).  JAX runs the token count rounded up to a bucket (static shapes for jax.jit), so
+it compiles once per bucket; StableHLO exports each packed entry once with a symbolic token
+count and compiles once per bucket too.  A
 small Linnet program of our own checks the decisions: attention behind a key-padding mask is
 packed across; a cumsum or an unmasked mean over the tokens is not.
 """
@@ -17,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from linnet import LinnetError, nest
+from linnet import nest
 from linnet.cli.targets import locate
 from linnet.compiler import compile_target
 from linnet.middle import ir
@@ -49,7 +50,7 @@ def _np(x):
 # ---------------------------------------------------------------- MiniLM, real weights
 
 
-@pytest.fixture(scope="module", params=["torch", "onnx", "jax"])
+@pytest.fixture(scope="module", params=["torch", "onnx", "jax", "stablehlo"])
 def minilm_pair(request, minilm_checkpoint):
     packed = nest.load("all-minilm-l6-v2", backend=request.param, packing=True)
     plain = nest.load("all-minilm-l6-v2", backend=request.param, packing=False)
@@ -170,19 +171,61 @@ def test_token_buckets_cover_the_count_and_waste_at_most_a_third():
     assert token_bucket(195, 200) == 200 and token_bucket(5, 4) == 4  # capped at B * S
 
 
-def test_stablehlo_refuses_packing_and_runs_padded():
-    with pytest.raises(LinnetError) as caught:
-        nest.load("all-minilm-l6-v2", backend="stablehlo", packing=True)
-    assert caught.value.diagnostics[0].code == "E0807" and "static" in str(caught.value)
+@pytest.mark.parametrize("minilm_pair", ["stablehlo"], indirect=True)
+def test_stablehlo_exports_once_for_every_token_count(minilm_pair):
+    """The packed artifact takes the packed rows' length from an argument of symbolic length
+    (jax.export cannot read it from the mask's values), so one export serves every count."""
+    import jax
+    import json
+
+    packed, plain = minilm_pair
+    folder = packed.info.generated
+    exported = packed.runtime.exported["forward"]
+    rows = exported.in_avals[-1]
+    assert rows.dtype == np.bool_ and len(rows.shape) == 1 and not isinstance(rows.shape[0], int)
+    assert str(rows.shape[0]) == "Tokens"
+    assert len(plain.runtime.exported["forward"].in_avals) == len(exported.in_avals) - 1
+    record = json.loads((folder / "signature.json").read_text())["entries"]
+    assert record["forward"]["packing"]["dims"] == ["Tokens"]
+    assert record["pool"]["packing"]["kept_positions"] == {"mask": "attention_mask", "fixed": [0]}
+    mlir = (folder / "forward.mlir").read_text()
+    assert "tensor<?xi1>" in mlir  # the token rows' length is a dynamic dim of the module
+
+    # The raw artifact, called without Linnet, at two lengths of the token rows: any length at
+    # or above the kept count gives the same result at real tokens.
+    tokens, kinds, mask = _batch("right")
+    params = packed.runtime.params
+    real = mask.astype(bool)
+    want = _np(plain(tokens, kinds, attention_mask=mask))
+    for length in (int(mask.sum()), mask.size):
+        got = np.asarray(jax.jit(exported.call)(params, tokens, kinds, mask, np.zeros(length, np.bool_)))
+        assert np.abs(got - want)[real].max() <= TOL and np.all(got[~real] == 0.0)
+
+    # Through the runtime: one compilation per (B, S) and token bucket, as on the jax backend.
+    jitted = packed.runtime._calls["forward"]
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(1000, 30000, (4, 16)).astype(np.int32)
+    kinds = np.zeros_like(tokens)
+    before = jitted._cache_size()
+    for lengths in ([5, 3, 7, 2], [8, 8, 4, 4], [16, 16, 1, 1]):  # 17 and 24 kept: bucket 24; 34: 48
+        mask = (np.arange(16)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+        out = _np(packed(tokens, kinds, attention_mask=mask))
+        assert np.abs(out - _np(plain(tokens, kinds, attention_mask=mask)))[mask.astype(bool)].max() <= TOL
+    assert jitted._cache_size() == before + 2
+
+
+def test_packing_defaults_per_backend():
     from linnet.backends import integration
 
-    assert "pack_tokens" not in nest.backend_passes("stablehlo", integration("stablehlo"))
-    # The defaults: on for ONNX and JAX, off for torch (measured no faster there), each can be changed.
-    for backend in ("onnx", "jax"):
+    # On for ONNX, JAX and StableHLO (measured faster on padded batches, no slower without),
+    # off for torch (measured no faster there); each can be changed.
+    for backend in ("onnx", "jax", "stablehlo"):
         assert "pack_tokens" in nest.backend_passes(backend, integration(backend))
         assert "pack_tokens" not in nest.backend_passes(backend, integration(backend), packing=False)
     assert "pack_tokens" not in nest.backend_passes("torch", integration("torch"))
     assert "pack_tokens" in nest.backend_passes("torch", integration("torch"), packing=True)
+    # StableHLO's params stay the checkpoint's (signature.json maps each to its key): no fusion.
+    assert nest.backend_passes("stablehlo", integration("stablehlo"), packing=True) == ("pack_tokens",)
 
 
 # ------------------------------------------------------------- the decisions, on a small program

@@ -148,10 +148,15 @@ def test_raw_artifact_refuses_too_long_sequences(minilm_hlo):
     blob = (minilm_hlo.info.generated / "forward.jax_export").read_bytes()
     exported = jax_export.deserialize(bytearray(blob))
     params = minilm_hlo.runtime.params
-    ok = exported.call(params, np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32), np.ones((1, 512), np.int32))
+    # Packed by default: the last argument's length is the packed rows' (signature.json, `packing`).
+    assert json.loads((minilm_hlo.info.generated / "signature.json").read_text())["entries"]["forward"]["packing"]
+    rows = np.zeros(512, np.bool_)
+    ok = exported.call(params, np.zeros((1, 512), np.int32), np.zeros((1, 512), np.int32), np.ones((1, 512), np.int32),
+                       rows)
     assert ok.shape == (1, 512, 384)
     with pytest.raises(Exception) as info:
-        exported.call(params, np.zeros((1, 513), np.int32), np.zeros((1, 513), np.int32), np.ones((1, 513), np.int32))
+        exported.call(params, np.zeros((1, 513), np.int32), np.zeros((1, 513), np.int32), np.ones((1, 513), np.int32),
+                      rows)
     chain, exc = [], info.value
     while exc is not None:
         chain.append(str(exc))

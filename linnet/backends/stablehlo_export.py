@@ -9,7 +9,14 @@ The generated JAX functions (`linnet.backends.jax_source`) are exported with `ja
   serves every (B, S); the consumer still compiles once per concrete shape;
 * the entry's `where` preconditions become symbolic constraints (`S <= 512`).  jax uses
   them while exporting and also writes each as a shape assertion into the module, so the
-  artifact itself refuses S = 600 when it is called, with no Linnet code involved.
+  artifact itself refuses S = 600 when it is called, with no Linnet code involved;
+* a packed entry (`linnet.middle.packing`) takes one argument more, after its inputs: an
+  array of a symbolic length `Tokens` whose contents are never read.  Its length is the
+  packed rows' length (`jnp.nonzero(size=Tokens)`), which jax cannot take from the mask's
+  values, only from a shape; so one export serves every token count, and the caller picks
+  the length: at or above the kept count (the runtime passes `packing.token_bucket`, so a
+  (B, S) compiles once per bucket, as on the jax backend).  A length below the count would
+  drop tokens; the artifact cannot check values, so signature.json states the rule.
 
 Layout of an artifact folder (see `write_artifact`):
 
@@ -116,7 +123,8 @@ def param_specs(program: ir.Program) -> dict:
 
 
 def input_specs(entry: ir.Entry, constraints: list[str]) -> list:
-    """The entry's inputs with its dims symbolic, all in one scope that holds the constraints."""
+    """The entry's inputs with its dims symbolic, all in one scope that holds the constraints;
+    a packed entry's token-rows argument last (its length the symbolic `tokens_dim`)."""
     import jax
     import jax.numpy as jnp
     from jax import export as jax_export
@@ -126,7 +134,38 @@ def input_specs(entry: ir.Entry, constraints: list[str]) -> list:
     for _, t in entry.inputs:
         shape = jax_export.symbolic_shape(", ".join(jax_dim(d) for d in t.dims), scope=scope) if t.dims else ()
         specs.append(jax.ShapeDtypeStruct(shape, jnp.dtype(_dtype_name(t.dtype))))
+    if entry.packed_by:
+        specs.append(jax.ShapeDtypeStruct(jax_export.symbolic_shape(tokens_dim(entry), scope=scope),
+                                          jnp.dtype(TOKEN_ROWS_DTYPE)))
     return specs
+
+
+#: A packed entry's last argument: only its length is read (see the module doc).
+TOKEN_ROWS = "token_rows"
+TOKEN_ROWS_DTYPE = "bool"
+
+
+def tokens_dim(entry: ir.Entry) -> str:
+    """The symbolic name of a packed entry's token-rows length, apart from the entry's own dims."""
+    name = "Tokens"
+    while name in entry.dims:
+        name += "_"
+    return name
+
+
+def packed_call(function):
+    """`function(params, *inputs, token_bucket=n)` as `call(params, *inputs, token_rows)`, `n`
+    being the length of `token_rows` (symbolic while exporting)."""
+    from .jax_source import BUCKET
+
+    def call(params, *args):
+        *inputs, token_rows = args
+        return function(params, *inputs, **{BUCKET: token_rows.shape[0]})
+
+    # The entry's own name in jax's messages and profiles (not functools.wraps: jax would read
+    # the wrapped signature, which has no `token_rows`).
+    call.__name__ = call.__qualname__ = getattr(function, "__name__", "entry")
+    return call
 
 
 def param_paths_in_tree_order(tree) -> list[str]:
@@ -149,6 +188,8 @@ def export_entry(program: ir.Program, function, entry_name: str):
 
     entry = program.entries[entry_name]
     constraints = [p["constraint"] for p in preconditions(entry) if p["constraint"] is not None]
+    if entry.packed_by:
+        function = packed_call(function)
     try:
         return jax_export.export(jax.jit(function), platforms=PLATFORMS)(
             param_specs(program), *input_specs(entry, constraints))
@@ -194,9 +235,24 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
             "preconditions": preconditions(entry),
             "export_seconds": round(seconds, 3),
         }
+        if entry.packed_by:
+            entries[name]["packing"] = _packing_record(entry)
     signature = out_dir / "signature.json"
     signature.write_text(json.dumps(_signature(ctx, entries), indent=2) + "\n", encoding="utf-8")
     return written + [signature]
+
+
+def _packing_record(entry: ir.Entry) -> dict:
+    """How to call a packed entry: the token-rows argument after its inputs, and the length it needs."""
+    mask, positions = entry.packed_by
+    kept = f"the count of {mask} != 0" + "".join(f", position {p} of every row counted as kept" for p in positions)
+    return {"argument": TOKEN_ROWS, "after": "the inputs", "dtype": TOKEN_ROWS_DTYPE, "dims": [tokens_dim(entry)],
+            "kept_positions": {"mask": mask, "fixed": list(positions)},
+            "rule": f"the contents are not read; the length is the packed rows' length and must be at least "
+                    f"{kept} (fewer drops tokens; more computes extra rows that nothing reads). Linnet's runtime "
+                    "passes linnet.middle.packing.token_bucket(count, B * S), so a (B, S) compiles once per bucket",
+            "padded_positions": "a result per position (with B and S) holds exactly 0 where a position is not "
+                                "kept; one reduced or selected over kept positions equals the padded program's"}
 
 
 def _dtype_name(dtype: str) -> str:
@@ -228,7 +284,8 @@ def _signature(ctx, entries: dict) -> dict:
         "linnet": __version__,
         "jax": jax.__version__,
         "platforms": list(PLATFORMS),
-        "call": "jax.export.deserialize(<entry>.jax_export).call(params, *inputs)",
+        "call": "jax.export.deserialize(<entry>.jax_export).call(params, *inputs), and a packed entry's "
+                "token_rows after the inputs (see its `packing`)",
         "params_tree": "nested dicts keyed by the parts of each dotted `path`; a part that is a number indexes "
                        "a list (a sub-block array); `params` below is in the tree's flattening order",
         "entries": entries,

@@ -3,7 +3,10 @@
 `open_runtime` exports every entry into a cache folder keyed by the Linnet sources, the
 generics, the Linnet version and the jax version; later loads only deserialize.  Calls go
 through `jax.export.Exported.call(params, *inputs)`, which never traces the Python again;
-it is wrapped in `jax.jit` so each concrete (B, S) is compiled once and reused.
+it is wrapped in `jax.jit` so each concrete (B, S) is compiled once and reused.  A packed
+entry gets, after its inputs, an unread array as long as the token bucket at or above the
+kept count (`packing.token_bucket`, as the jax backend passes it), so it compiles once per
+(B, S) and bucket.
 
 The artifact checks the entry's `where` preconditions itself (see `stablehlo.py`), but
 jax reports a failed check as "Error refining shapes", with the useful text two causes
@@ -24,17 +27,23 @@ from .. import codes
 from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError, Note
 from ..dims import DimError
+from ..middle.packing import kept_count, token_bucket
 from . import LoadContext
 from .jax_runtime import resolve_device
 
 log = logging.getLogger("linnet.backends.stablehlo_export")
 
 #: Keyword arguments of `nest.load` this backend takes.
-#: No `linnet.middle.optimize` passes: the exported artifact is a deliverable of its own, and its
-#: signature.json maps each param to its checkpoint key, so its params must be exactly the
-#: checkpoint's (unfused, unscaled).
-OPTIMIZE = ()
 OPTIONS = ()
+#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend: `pack_tokens` only.
+#: The exported artifact is a deliverable of its own, and its signature.json maps each param to
+#: its checkpoint key, so its params must be exactly the checkpoint's (unfused, unscaled);
+#: packing leaves the params alone.  Packed by default, as on the jax backend (the same XLA
+#: program): measured faster on padded batches and no slower without padding
+#: (docs/backends.md, "Padding-free execution").
+OPTIMIZE = ("pack_tokens",)
+#: `packing=True` runs packed: one export with a symbolic token count, bucketed per call.
+PACKING = True
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
             "!=": np.not_equal}
@@ -67,11 +76,12 @@ class StableHloRuntime:
         self._calls = {name: jax.jit(exported.call) for name, exported in self.exported.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
-        """The entry's result as a `jax.Array`; the first call per input shape compiles."""
+        """The entry's result as a `jax.Array`; the first call per input shape (and, packed, per
+        token bucket) compiles."""
         import jax
 
         self._check_preconditions(entry, inputs)
-        arrays = [jax.device_put(a, self.device) for a in inputs]
+        arrays = [jax.device_put(a, self.device) for a in inputs + self._token_rows(entry, inputs)]
         try:
             return self._calls[entry](self.params, *arrays)
         except Exception as exc:  # noqa: BLE001 - only shape assertions are translated
@@ -81,6 +91,16 @@ class StableHloRuntime:
             raise LinnetError(Diagnostic(codes.STABLEHLO_REFUSED_INPUTS,
                                          f"the StableHLO artifact of `{entry}` refused inputs of shapes "
                                          f"{', '.join(str(tuple(a.shape)) for a in inputs)}: {reason}")) from None
+
+    def _token_rows(self, entry_name: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """A packed entry's last argument: an unread array as long as the token bucket at or above
+        the kept count (see `stablehlo_export`); nothing for an entry that is not packed."""
+        spec = self.program.entries[entry_name]
+        if not spec.packed_by:
+            return []
+        named = {name: a for (name, _), a in zip(spec.inputs, inputs)}
+        b, s = np.shape(named[spec.packed_by[0]])
+        return [np.zeros(token_bucket(kept_count(spec, named), b * s), np.bool_)]
 
     def _check_preconditions(self, entry_name: str, inputs: list[np.ndarray]) -> None:
         entry = self.program.entries[entry_name]

@@ -495,8 +495,8 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
 def backend_passes(backend: str, module, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
     """The optimisation passes `nest.load` runs for a backend: the ones its integration module
     names (`OPTIMIZE`, every pass when it names none), with `pack_tokens` added or removed by
-    `packing` (None: the backend's default).  A backend that cannot run a packed program
-    (StableHLO exports once, with symbolic shapes) refuses `packing=True` (E0807)."""
+    `packing` (None: the backend's default).  A backend whose module does not say it runs a
+    packed program (`PACKING`) refuses `packing=True` (E0807)."""
     from ..middle.optimize import PASSES
 
     passes = tuple(getattr(module, "OPTIMIZE", PASSES)) if optimize else ()
@@ -506,8 +506,8 @@ def backend_passes(backend: str, module, optimize: bool = True, packing: bool | 
         if not getattr(module, "PACKING", False):
             raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
                                          f"backend {backend!r} cannot run a packed program (packing=True): "
-                                         "its shapes are static, and bucketing the token count is built for "
-                                         "the jax backend only (use backend='jax' or packing=None)"))
+                                         "its runtime takes no token count that depends on the mask "
+                                         "(use packing=None or False)"))
         passes += ("pack_tokens",)
     return passes
 
@@ -537,10 +537,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     False runs the program exactly as written.
     packing: padding-free execution (`linnet.middle.packing`): per-token work runs on the real
     tokens of the batch only, as proven exact.  None (default): the backend's choice, on for
-    ONNX and JAX (where the entry has an attention mask it can prove the padding from; JAX
-    rounds the token count up to a bucket and compiles once per bucket), off for torch
-    (measured no faster there yet); False keeps the padded program; True asks for it (torch,
-    ONNX, JAX; refused by StableHLO).
+    ONNX, JAX and StableHLO (where the entry has an attention mask it can prove the padding
+    from; JAX and StableHLO round the token count up to a bucket and compile once per bucket,
+    StableHLO from one export with a symbolic count), off for torch (measured no faster there
+    yet); False keeps the padded program; True asks for it (every backend).
     Outputs at real tokens equal the padded program's within 1e-5; padded positions of a
     per-token output hold 0 (docs/backends.md, "Padding-free execution").
     """
