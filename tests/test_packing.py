@@ -351,3 +351,75 @@ def test_linnet_build_shows_what_was_packed(tmp_path, capsys):
     assert "def forward_packed(self, x, mask, token_rows, token_slots):" in text
     assert "torch.nonzero(keep.reshape(-1)).squeeze(1)" in text
     assert "packing" not in (tmp_path / "padded" / "model.py").read_text()
+
+
+# ------------------------------------------------------------------ Triton exports
+
+
+@pytest.fixture(scope="module")
+def triton_repos(minilm_checkpoint, tmp_path_factory):
+    """`linnet export-triton` of MiniLM: both layouts packed (the default), one padded."""
+    from linnet.cli import main
+
+    root = tmp_path_factory.mktemp("triton-packing")
+    repos = {}
+    for layout, flags in [("onnxruntime", []), ("python", []), ("onnxruntime-padded", ["--no-packing"])]:
+        runtime = layout.split("-")[0]
+        assert main(["export-triton", "all-minilm-l6-v2", "-o", str(root / layout), "--runtime", runtime,
+                     *flags]) == 0
+        repos[layout] = root / layout
+    return repos
+
+
+def _served_graphs(repo, layout: str) -> dict:
+    """Output name -> the ONNX file Triton runs for it, in either layout."""
+    if layout.startswith("onnxruntime"):
+        return {p.parent.parent.name.rsplit(".", 1)[1]: p for p in repo.glob("all-minilm-l6-v2.*/1/model.onnx")}
+    return {p.name.split(".")[1]: p for p in (repo / "all-minilm-l6-v2" / "1").glob("model.*.onnx")}
+
+
+def _run_onnx(path, tokens, kinds, mask) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"tokens": tokens, "token_types": kinds, "attention_mask": mask})[0]
+
+
+@pytest.mark.parametrize("layout", ["onnxruntime", "python"])
+def test_triton_exports_the_packed_graph_and_it_equals_the_padded_one(triton_repos, layout):
+    import onnx
+
+    packed, padded = _served_graphs(triton_repos[layout], layout), _served_graphs(triton_repos["onnxruntime-padded"],
+                                                                                  "onnxruntime")
+    assert set(packed) == set(padded) == {"hidden", "hidden_states", "pooled", "embedding"}
+    if layout == "python":  # its model.py runs model.onnx (every output) when a request asks for all
+        whole = onnx.load(str(triton_repos[layout] / "all-minilm-l6-v2" / "1" / "model.onnx"), load_external_data=False)
+        assert "NonZero" in {n.op_type for n in whole.graph.node}
+    tokens, kinds, mask = _batch("right")
+    real = mask.astype(bool)
+    worst = {}
+    for output, path in packed.items():
+        nodes = onnx.load(str(path), load_external_data=False).graph.node
+        # The kept rows: NonZero over the mask, then the Gather of those rows for per-token work.
+        assert any(n.op_type == "NonZero" and n.name.startswith("kept_rows") for n in nodes), output
+        assert "NonZero" not in {n.op_type for n in onnx.load(str(padded[output]), load_external_data=False).graph.node}
+        got, want = _run_onnx(path, tokens, kinds, mask), _run_onnx(padded[output], tokens, kinds, mask)
+        if output == "hidden":
+            worst[output] = np.abs(got - want)[real].max()
+            assert np.all(got[~real] == 0.0), "padded positions of a packed per-token output hold exactly 0"
+        elif output == "hidden_states":  # [B, L + 1, S, D]
+            worst[output] = np.abs(got - want).transpose(0, 2, 1, 3)[real].max()
+            assert np.all(got.transpose(0, 2, 1, 3)[~real] == 0.0)
+        else:
+            worst[output] = np.abs(got - want).max()
+    print(f"triton {layout} packed vs padded export, max |d|: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
+    assert max(worst.values()) <= TOL, worst
+
+
+def test_triton_configs_do_not_change_with_packing(triton_repos):
+    # The packed graph keeps the [B, S] interface, so every model's config is the same.
+    packed, padded = triton_repos["onnxruntime"], triton_repos["onnxruntime-padded"]
+    configs = sorted(p.relative_to(packed) for p in packed.glob("*/config.pbtxt"))
+    assert len(configs) == 6  # the ensemble, its validating step, one model per output
+    for config in configs:
+        assert (packed / config).read_text() == (padded / config).read_text(), config

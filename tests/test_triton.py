@@ -28,7 +28,7 @@ from linnet.nest import load, prepare
 from linnet.runtime import index_bounds
 from linnet.testing.triton_server import (ProvisionError, ServerError, TritonServer, listening_sockets,
                                           provision)
-from linnet.serving.triton import config_text, export_triton, layout_configs, triton_io
+from linnet.serving.triton import config_text, export_passes, export_triton, layout_configs, triton_io
 
 MINILM = "all-minilm-l6-v2"
 BERT = "bert-base-uncased"
@@ -502,7 +502,7 @@ def served(request, tmp_path_factory, triton_tools):
     figures: dict = {"export_seconds": {}, "export_mb": {}}
     for name, checkpoint_fixture in SERVED.items():
         request.getfixturevalue(checkpoint_fixture)
-        ctx, _ = prepare(name)
+        ctx, _ = prepare(name, optimize=export_passes())  # what `linnet export-triton` serves: packed
         started = time.perf_counter()
         export_triton(ctx, root / "repo", runtime=runtime)
         figures["export_seconds"][name] = round(time.perf_counter() - started, 2)

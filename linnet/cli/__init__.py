@@ -150,12 +150,14 @@ def cmd_export_triton(args, parser) -> int:
 
     from .targets import locate
     from ..nest import prepare
-    from ..serving.triton import export_triton
+    from ..serving.triton import export_passes, export_triton
 
     target = locate(args.path)
     if target.kind != "entry":
         parser.error("export-triton needs a zoo entry (a folder with nest.toml, or its name)")
-    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, need_weights=True)
+    # The graph nest.load(..., backend="onnx") runs: packed by default, `--no-packing` padded.
+    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, need_weights=True,
+                     optimize=export_passes(args.packing))
     started = time.perf_counter()
     folder = export_triton(ctx, Path(args.output), runtime=args.runtime, entries=args.entries,
                            max_batch_size=args.max_batch_size, preferred_batch_sizes=tuple(args.preferred_batch_sizes),
@@ -271,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's, one per core); "
                              "on CPU, instances x threads = cores serves most rows/s")
     triton.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    triton.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
+                        help="padding-free execution inside the ONNX graph (default: on where proven exact, "
+                             "as nest.load's onnx backend); the served inputs are the same either way")
     triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
     quick.set_defaults(handler=cmd_quickstart)

@@ -7,7 +7,10 @@ the entries' shared inputs (`tokens`, `token_types`, `attention_mask`) and their
 entries' results under their `[outputs]` names (`hidden`, `pooled`, ...).  The configs are
 derived from the Linnet signatures, not read back from the ONNX file: shapes, dtypes and the
 batch dim come from the types the checker proved, and each ONNX graph is then checked
-against them, so a disagreement is caught here and not by a client at run time.
+against them, so a disagreement is caught here and not by a client at run time.  The graph
+is the ONNX backend's for the `ctx` given; `linnet export-triton` prepares it with the passes
+`nest.load(..., backend="onnx")` runs (`export_passes`), padding-free execution among them
+unless `--no-packing`: the packed graph takes the same `[B, S]` inputs and packs inside.
 
 Two layouts, both validating every request like `linnet.runtime.InputValidator` does (rank,
 dtype, dims that agree, the entry's `where` preconditions, id ranges; the bounds are taken
@@ -44,7 +47,7 @@ from ..runtime import index_bounds
 from .triton_model import CHECKED
 
 __all__ = ["RUNTIMES", "ServingOptions", "TritonIO", "triton_io", "layout_configs", "config_text",
-           "export_triton"]
+           "export_passes", "export_triton"]
 
 RUNTIMES = ("onnxruntime", "python")
 
@@ -416,6 +419,17 @@ def _spec(io: TritonIO, options: ServingOptions, role: str) -> dict:
     }
 
 
+def export_passes(packing: bool | None = None) -> tuple[str, ...]:
+    """The optimisation passes to prepare an export's `ctx` with: those `nest.load(...,
+    backend="onnx", packing=packing)` runs, so Triton serves the graph the ONNX backend runs,
+    packed (padding-free) by default.  The packed graph keeps the `[B, S]` interface and packs
+    inside (NonZero, Gather), so the configs are the same either way."""
+    from ..backends import integration
+    from ..nest import backend_passes
+
+    return backend_passes("onnx", integration("onnx"), packing=packing)
+
+
 def _build_onnx(ctx, out_dir: Path, dtype: str | None) -> list[Path]:
     """The ONNX backend's `build`: model.onnx first (and any external-data files after it)."""
     from ..backends import integration
@@ -451,7 +465,8 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
                   entries=None, **options) -> Path:
     """Write the Triton models of `ctx` into `repo_dir`; return the folder of the one clients call.
 
-    ctx: a `LoadContext` with weights (`linnet.nest.prepare(..., need_weights=True)`).
+    ctx: a `LoadContext` with weights (`linnet.nest.prepare(..., need_weights=True)`), prepared
+    with `optimize=export_passes()` to serve the packed graph `linnet export-triton` writes.
     dtype: the float dtype; it must be the one `ctx` was prepared with (None: that one).
     runtime: "onnxruntime" (an ensemble: a validating Python-backend step, then Triton's ONNX
     Runtime backend, one model per output) or "python" (ONNX Runtime inside Triton's Python
