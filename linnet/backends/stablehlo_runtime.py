@@ -25,7 +25,7 @@ from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError, Note
 from ..dims import DimError
 from . import LoadContext
-from .jax_runtime import resolve_device
+from .jax_runtime import resolve_device, xla_choice
 
 log = logging.getLogger("linnet.backends.stablehlo_export")
 
@@ -34,7 +34,7 @@ log = logging.getLogger("linnet.backends.stablehlo_export")
 #: signature.json maps each param to its checkpoint key, so its params must be exactly the
 #: checkpoint's (unfused, unscaled).
 OPTIMIZE = ()
-OPTIONS = ()
+OPTIONS = ("kernels",)
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
             "!=": np.not_equal}
@@ -46,7 +46,8 @@ class StableHloRuntime:
     #: (linnet/nest/generate.py's WindowSteps) rather than compiling a step per position.
     compiles_per_shape = True
 
-    def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None):
+    def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None,
+                 compiler_options: dict | None = None):
         import jax
         from jax import export as jax_export
 
@@ -64,7 +65,8 @@ class StableHloRuntime:
                 raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the StableHLO artifact of `{name}` was exported for "
                                              f"{', '.join(exported.platforms)}, not for {platform}"))
         self.params = jax.device_put(params_tree(program, tensors), self.device)
-        self._calls = {name: jax.jit(exported.call) for name, exported in self.exported.items()}
+        self._calls = {name: jax.jit(exported.call, compiler_options=compiler_options or None)
+                       for name, exported in self.exported.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
         """The entry's result as a `jax.Array`; the first call per input shape compiles."""
@@ -135,10 +137,14 @@ def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
     return folder, (spent[0] if spent else None)
 
 
-def open_runtime(ctx: LoadContext, *, device=None) -> StableHloRuntime:
+def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -> StableHloRuntime:
     resolve_device(device, "stablehlo")  # before exporting or reading any weights
+    choice = xla_choice(device, kernels, "stablehlo")
     folder, seconds = artifact(ctx)
-    runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device)
+    runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device,
+                               compiler_options=choice.options)
+    #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
+    runtime.xla_choice = choice
     runtime.generated = folder
     runtime.export_seconds = seconds
     return runtime
