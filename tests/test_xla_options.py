@@ -130,6 +130,30 @@ def test_a_users_xla_flags_are_never_overridden(monkeypatch):
     assert choice.skipped_for_user_flags == expected and "single-thread-eigen" in expected
 
 
+_CRASHING_CHILD = """
+import os, signal
+import numpy as np
+from linnet.backends import xla_options
+result = np.linspace(-3.0, 3.0, 4096, dtype=np.float32)
+def build(options):
+    if options.get("crash"):
+        os.kill(os.getpid(), signal.SIGILL)  # as oneDNN's graph dots do on this project's CPU
+    return lambda: result
+xla_options.compile_probe = build
+"""
+
+
+def test_a_candidate_that_kills_the_child_is_rejected_and_the_rest_measured(monkeypatch):
+    """The real parent-child protocol, with a compiler stand-in that dies on one candidate."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    real_command = xla_options.child_command
+    monkeypatch.setattr(xla_options, "child_command", lambda: real_command(_CRASHING_CHILD))
+    candidates = {"first": {"which": 1}, "crash": {"crash": True}, "last": {"which": 2}}
+    choice = xla_options.measure_in_child(candidates)
+    assert "SIGILL" in choice.rejected["crash"] and "crash" not in choice.measured
+    assert set(choice.measured) >= {"first", "last"}
+
+
 def test_kernels_default_measures_nothing(minilm_checkpoint, monkeypatch):
     def no_probe(*args, **kwargs):
         raise AssertionError("measured although kernels='default'")

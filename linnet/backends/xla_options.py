@@ -236,12 +236,9 @@ def measure_in_child(candidate_options: dict[str, dict]) -> XlaChoice:
 def _run_child(candidate_options: dict[str, dict]):
     """The child's XlaChoice, or (the candidate it was compiling or None, why it ended)."""
     import subprocess
-    import sys
 
-    root = str(Path(__file__).resolve().parents[2])
-    code = f"import sys; sys.path.insert(0, {root!r}); from linnet.backends.xla_options import child_main; child_main()"
     env = dict(os.environ, JAX_PLATFORMS="cpu")  # the probe is XLA:CPU's; no GPU to start
-    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(candidate_options), env=env,
+    done = subprocess.run(child_command(), input=json.dumps(candidate_options), env=env,
                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     last = None
     for line in done.stdout.splitlines():
@@ -251,6 +248,16 @@ def _run_child(candidate_options: dict[str, dict]):
         last = message.get("compiling", last)
     tail = (done.stderr.strip().splitlines() or [""])[-1][:160]
     return last, f"the process ended with {_exit_status(done.returncode)} while compiling it ({tail})"
+
+
+def child_command(prelude: str = "") -> list[str]:
+    """The child's command line: this checkout's `child_main` (after `prelude`, Python run
+    first in the child; tests use it to stand in for the compiler)."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {prelude}\n"
+            "from linnet.backends.xla_options import child_main; child_main()"]
 
 
 def _exit_status(code: int) -> str:
