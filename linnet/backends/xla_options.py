@@ -6,20 +6,23 @@ depends on the CPU, its cores and what else runs on it.  So nothing is assumed: 
 CPU device, a small program shaped like one encoder layer at MiniLM's size (`probe_program`:
 Q/K/V, attention softmax, output projection, erf GELU feed-forward, two layer norms, B=4,
 S=128) is compiled once per candidate in `candidates()` (one change from XLA's defaults each),
-and all are timed interleaved in this process.  A candidate is taken only when it is faster
-by `MIN_SPEEDUP` and its result is within `TOLERANCE` of the default compilation's (relative
-to the result's magnitude, as `torch_kernels` and `onnx_options` do); where several single
-changes win, their combination is measured too, and the winner is timed once more against the
-default alone (the smaller of its two speedups counts), so a lucky round on a busy machine is
-not cached as a win.
+and all are timed interleaved in one child process (`measure_in_child`).  A candidate is taken
+only when it is faster by `MIN_SPEEDUP` and its result is within `TOLERANCE` of the default
+compilation's (relative to the result's magnitude, as `torch_kernels` and `onnx_options` do);
+where several single changes win, their combination is measured too, and the winner is timed
+once more against the default alone (the smaller of its two speedups counts), so a lucky round
+on a busy machine is not cached as a win.
+
+Why a child: an option can crash XLA instead of failing (oneDNN's graph dots die with SIGILL on
+this project's AMD CPU), and a crash must cost one candidate, not the user's process.  An option
+this jaxlib does not know fails that candidate's compilation with an error; either way the
+candidate is dropped and listed in `rejected` with the reason.
 
 How the choice is applied: as `jax.jit(..., compiler_options=...)` on each entry, not through
 `XLA_FLAGS`.  The options are XLA's `DebugOptions`, the fields `XLA_FLAGS` sets, but given per
-compilation: they reach only Linnet's own executables, need no subprocess to compare (every
-candidate compiles in this process), and work the same whether or not jax's backend was
-initialised before `nest.load` (`XLA_FLAGS` is read once, at that initialisation).  An option
-this jaxlib does not know fails that candidate's compilation with an error (where an unknown
-flag in `XLA_FLAGS` aborts the process); the candidate is dropped and listed in `rejected`.
+compilation: they reach only Linnet's own executables, and they work the same whether or not
+jax's backend was initialised before `nest.load` (`XLA_FLAGS` is read once, at that
+initialisation, and an unknown flag there ends the process: "Unknown flag in XLA_FLAGS").
 
 A user's own `XLA_FLAGS` stands: a candidate that sets a flag named there is not measured
 (never overridden), and the flags are part of the cache key, since they change the baseline.
