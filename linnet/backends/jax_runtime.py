@@ -32,8 +32,8 @@ from . import LoadContext
 from .jax_source import BUCKET
 from .pysource import import_generated
 
-#: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ()
+#: Keyword arguments of `nest.load` this backend takes (`kernels`: `linnet.backends.xla_options`).
+OPTIONS = ("kernels",)
 #: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend, `pack_tokens`
 #: among them: measured faster on padded batches and no slower without padding (docs/backends.md,
 #: "Padding-free execution").
@@ -82,7 +82,8 @@ class JaxRuntime:
     #: (linnet/nest/generate.py's WindowSteps) rather than compiling a step per position.
     compiles_per_shape = True
 
-    def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict, *, device=None):
+    def __init__(self, program: ir.Program, source_path: Path, module_name: str, tensors: dict, *, device=None,
+                 compiler_options: dict | None = None):
         import jax
 
         from .jax_source import params_tree
@@ -92,7 +93,8 @@ class JaxRuntime:
         self.module = import_generated(source_path, module_name)
         self.params = jax.device_put(params_tree(program, tensors), self.device)
         self._entries = {name: jax.jit(self.module.ENTRIES[name],
-                                       static_argnames=(BUCKET,) if e.packed_by else ())
+                                       static_argnames=(BUCKET,) if e.packed_by else (),
+                                       compiler_options=compiler_options or None)
                          for name, e in program.entries.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
@@ -118,12 +120,30 @@ def generated_source(ctx: LoadContext) -> Path:
     return ctx.cached("jax", ".py", lambda path: path.write_text(emit(ctx.program, title=title), encoding="utf-8"))
 
 
-def open_runtime(ctx: LoadContext, *, device=None) -> JaxRuntime:
+def xla_choice(device, kernels: str | None, backend: str = "jax"):
+    """The XLA compiler options to compile the entries with (`linnet.backends.xla_options`):
+    measured on a CPU device with kernels="auto" (the default), XLA's defaults otherwise."""
+    from . import cache_dir
+    from .xla_options import KERNEL_CHOICES, XlaChoice, choose
+
+    if (kernels or "auto") not in KERNEL_CHOICES:
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the {backend} backend, "
+                                     f"found {kernels!r}"))
+    if (kernels or "auto") != "auto" or resolve_device(device, backend).platform != "cpu":
+        return XlaChoice({})
+    return choose(cache_dir=cache_dir())
+
+
+def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -> JaxRuntime:
     resolve_device(device)  # before reading any weights
+    choice = xla_choice(device, kernels)
     source = generated_source(ctx)
     runtime = JaxRuntime(ctx.program, source, f"linnet_generated_jax_{source.stem.replace('-', '_')}",
-                         ctx.tensors("flax"), device=device)
+                         ctx.tensors("flax"), device=device, compiler_options=choice.options)
     runtime.generated = source
+    #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
+    runtime.xla_choice = choice
     return runtime
 
 

@@ -1,7 +1,8 @@
 """What the load-time probes share: timing, and a per-machine cache of what they chose.
 
-`torch_kernels` (a Linear kernel per shape) and `onnx_options` (ONNX Runtime session options
-per export) each time candidates once per machine and keep the decision in a JSON file under
+`torch_kernels` (a Linear kernel per shape), `onnx_options` (ONNX Runtime session options
+per export) and `xla_options` (XLA:CPU compiler options for jax and stablehlo) each time
+candidates once per machine and keep the decision in a JSON file under
 `$LINNET_CACHE/kernels/`: `{machine key: {what was measured: decision}}`, where the machine key
 names what a timing depends on (CPU model, threads, library version). A cache that cannot be
 read is an empty one; one that cannot be written is skipped, since a probe only costs time.

@@ -29,12 +29,12 @@ from ..diagnostics import Diagnostic, LinnetError, Note
 from ..dims import DimError
 from ..middle.packing import kept_count, token_bucket
 from . import LoadContext
-from .jax_runtime import resolve_device
+from .jax_runtime import resolve_device, xla_choice
 
 log = logging.getLogger("linnet.backends.stablehlo_export")
 
 #: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ()
+OPTIONS = ("kernels",)
 #: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend: `pack_tokens` only.
 #: The exported artifact is a deliverable of its own, and its signature.json maps each param to
 #: its checkpoint key, so its params must be exactly the checkpoint's (unfused, unscaled);
@@ -55,7 +55,8 @@ class StableHloRuntime:
     #: (linnet/nest/generate.py's WindowSteps) rather than compiling a step per position.
     compiles_per_shape = True
 
-    def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None):
+    def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None,
+                 compiler_options: dict | None = None):
         import jax
         from jax import export as jax_export
 
@@ -73,7 +74,8 @@ class StableHloRuntime:
                 raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the StableHLO artifact of `{name}` was exported for "
                                              f"{', '.join(exported.platforms)}, not for {platform}"))
         self.params = jax.device_put(params_tree(program, tensors), self.device)
-        self._calls = {name: jax.jit(exported.call) for name, exported in self.exported.items()}
+        self._calls = {name: jax.jit(exported.call, compiler_options=compiler_options or None)
+                       for name, exported in self.exported.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
         """The entry's result as a `jax.Array`; the first call per input shape (and, packed, per
@@ -155,10 +157,14 @@ def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
     return folder, (spent[0] if spent else None)
 
 
-def open_runtime(ctx: LoadContext, *, device=None) -> StableHloRuntime:
+def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -> StableHloRuntime:
     resolve_device(device, "stablehlo")  # before exporting or reading any weights
+    choice = xla_choice(device, kernels, "stablehlo")
     folder, seconds = artifact(ctx)
-    runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device)
+    runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device,
+                               compiler_options=choice.options)
+    #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
+    runtime.xla_choice = choice
     runtime.generated = folder
     runtime.export_seconds = seconds
     return runtime

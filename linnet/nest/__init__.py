@@ -531,7 +531,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).  For onnx (CPU):
     "auto" (default) measures ONNX Runtime session options once per machine and model and
     takes the fastest whose output is within 1e-5 of the default session's; "default" opens
-    the default session (`linnet.backends.onnx_options`).
+    the default session (`linnet.backends.onnx_options`).  For jax and stablehlo (CPU): "auto"
+    compiles with the XLA:CPU options measured fastest once per machine among those within 1e-5
+    of XLA's defaults, never one the user's XLA_FLAGS sets; "default" compiles with XLA's
+    defaults (`linnet.backends.xla_options`).
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact, padding-free execution);
     False runs the program exactly as written.

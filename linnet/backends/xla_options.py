@@ -1,0 +1,360 @@
+"""The machine's fastest exact XLA:CPU compiler options for the jax and stablehlo backends, measured.
+
+XLA:CPU has several ways to run the same program (its own loop emitter and Eigen, YNNPACK
+fusions for dots, oneDNN thunks, several vector widths and schedulers), and which is fastest
+depends on the CPU, its cores and what else runs on it.  So nothing is assumed: at load, on a
+CPU device, a small program shaped like one encoder layer at MiniLM's size (`probe_program`:
+Q/K/V, attention softmax, output projection, erf GELU feed-forward, two layer norms, B=4,
+S=128) is compiled once per candidate in `candidates()` (one change from XLA's defaults each),
+and all are timed interleaved in one child process (`measure_in_child`).  A candidate is taken
+only when it is faster by `MIN_SPEEDUP` and its result is within `TOLERANCE` of the default
+compilation's (relative to the result's magnitude, as `torch_kernels` and `onnx_options` do);
+where several single changes win, their combination is measured too, and the winner is timed
+once more against the default alone (the smaller of its two speedups counts), so a lucky round
+on a busy machine is not cached as a win.
+
+Why a child: an option can crash XLA instead of failing (oneDNN's graph dots die with SIGILL on
+this project's AMD CPU), and a crash must cost one candidate, not the user's process.  An option
+this jaxlib does not know fails that candidate's compilation with an error; either way the
+candidate is dropped and listed in `rejected` with the reason.
+
+How the choice is applied: as `jax.jit(..., compiler_options=...)` on each entry, not through
+`XLA_FLAGS`.  The options are XLA's `DebugOptions`, the fields `XLA_FLAGS` sets, but given per
+compilation: they reach only Linnet's own executables, and they work the same whether or not
+jax's backend was initialised before `nest.load` (`XLA_FLAGS` is read once, at that
+initialisation, and an unknown flag there ends the process: "Unknown flag in XLA_FLAGS").
+
+A user's own `XLA_FLAGS` stands: a candidate that sets a flag named there is not measured
+(never overridden), and the flags are part of the cache key, since they change the baseline.
+
+Options that cannot be proven exact on a probe are not candidates: fast math
+(`xla_cpu_enable_fast_math`, reassociation and approximate functions), fast min/max
+(`xla_cpu_enable_fast_min_max`: NaN handling, which finite probe inputs never exercise),
+platform-dependent math.  Compile-time-only options (`xla_cpu_parallel_codegen_split_count`)
+are not either: the probe times calls, not compilations.
+
+The decision is cached per machine (CPU model, logical cores, jaxlib version, `XLA_FLAGS`)
+under `$LINNET_CACHE/kernels/xla-options.json`; `nest.load(..., kernels="default")` measures
+nothing and compiles with XLA's defaults, as does any device other than the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .measured import cpu_model, median, read_decisions, record_decisions, seconds
+
+log = logging.getLogger("linnet.xla")
+
+#: `nest.load(..., backend="jax" | "stablehlo", kernels=...)`: "auto" measures; "default" does not.
+KERNEL_CHOICES = ("auto", "default")
+#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
+TOLERANCE = 1e-5
+#: A candidate must beat XLA's defaults by this factor to be taken (noise margin).
+MIN_SPEEDUP = 1.05
+#: Seconds the timed rounds may take in all (never fewer than 3 rounds, at most 9).
+PROBE_BUDGET_S = 1.5
+#: The probe layer: batch, sequence, model width, heads, feed-forward width (MiniLM's layer).
+PROBE_SHAPE = {"batch": 4, "seq": 128, "width": 384, "heads": 12, "ff": 1536}
+#: What the cache entry is keyed by: the probe program and its shape (a new probe measures again).
+PROBE_KEY = "layer-v1:" + "x".join(str(v) for v in PROBE_SHAPE.values())
+
+
+@dataclass(frozen=True)
+class XlaChoice:
+    options: dict                       # compiler options given to jax.jit ({} = XLA's defaults)
+    speedup: float = 1.0                # default's time / the chosen options' on the probe
+    max_error: float = 0.0              # relative max |difference| from the default's result
+    measured: dict = field(default_factory=dict)  # candidate name -> speedup (exact ones)
+    rejected: dict = field(default_factory=dict)  # candidate name -> why it was not timed
+    skipped_for_user_flags: list = field(default_factory=list)  # candidates XLA_FLAGS already decides
+    errors: dict = field(default_factory=dict)    # candidate name -> its max_error (timed ones)
+
+    def describe(self) -> str:
+        if not self.options:
+            return "XLA's default compiler options"
+        return ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) + f" (x{self.speedup:.2f})"
+
+
+def candidates() -> dict[str, dict]:
+    """Name -> the compiler options to measure, each one change from XLA:CPU's defaults
+    (jaxlib 0.10: YNNPACK dot fusions on, oneDNN off, multi-threaded Eigen, 256-bit vectors)."""
+    no_ynn = {"xla_cpu_experimental_ynn_fusion_type": ""}  # YNNPACK claims the dots before the others
+    return {  # the experimental library paths first: one that crashes XLA costs least there
+        "onednn-graph-dots": no_ynn | {"xla_cpu_use_onednn": True,
+                                       "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+        "onednn-custom-call": no_ynn | {"xla_cpu_experimental_onednn_custom_call": True},
+        "no-ynnpack-dots": no_ynn,
+        "xnnpack-dots": no_ynn | {"xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+        "single-thread-eigen": {"xla_cpu_multi_thread_eigen": False},
+        "vector-width-512": {"xla_cpu_prefer_vector_width": 512},
+        "concurrency-scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
+        "optimization-level-3": {"xla_backend_optimization_level": 3},
+    }
+
+
+def user_flag_names(environ=os.environ) -> set[str]:
+    """The flag names set in `XLA_FLAGS` ("--xla_cpu_use_onednn=true" -> "xla_cpu_use_onednn")."""
+    try:
+        words = shlex.split(environ.get("XLA_FLAGS", ""))
+    except ValueError:
+        words = environ.get("XLA_FLAGS", "").split()
+    return {w.lstrip("-").split("=", 1)[0] for w in words if w.startswith("-")}
+
+
+def choose(*, cache_dir: Path | None) -> XlaChoice:
+    """The fastest exact compiler options on this machine, measured once and cached."""
+    cached = _read_cache(cache_dir).get(PROBE_KEY)
+    if cached is not None:
+        return cached
+    try:
+        choice = measure_in_child(candidates())
+    except Exception:  # noqa: BLE001 - measuring is an optimisation; XLA's defaults stand
+        log.warning("could not measure XLA compiler options; using XLA's defaults", exc_info=True)
+        return XlaChoice({})
+    if cache_dir is not None:
+        record_decisions(_cache_file(cache_dir), machine_key(), {PROBE_KEY: vars(choice)})
+    log.info("XLA:CPU compiler options: %s (measured: %s%s)", choice.describe(),
+             ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()),
+             "".join(f"; {k} rejected: {why}" for k, why in choice.rejected.items()))
+    return choice
+
+
+def measure(candidate_options: dict[str, dict], build, announce=lambda name: None) -> XlaChoice:
+    """Compile the probe with each candidate, drop the inexact and unknown ones, time the rest.
+
+    `build(options)` compiles the probe and returns a call giving its result as numpy
+    (`compile_probe`; tests pass another).  `announce(name)` is called before each candidate
+    compiles, so a parent process can tell which one took its child down."""
+    taken_by_user = user_flag_names()
+    skipped = sorted(n for n, o in candidate_options.items() if taken_by_user & set(o))
+    reference_call = build({})
+    reference = reference_call()
+    scale = max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+    exact: dict[str, tuple[dict, object, float]] = {}
+    rejected: dict[str, str] = {}
+    for name, options in candidate_options.items():
+        if name in skipped:
+            continue
+        announce(name)
+        verdict = _try(build, options, reference, scale)
+        if isinstance(verdict, str):
+            rejected[name] = verdict
+        else:
+            exact[name] = (options, *verdict)
+    announce(None)  # timing: a crash now is no candidate's alone
+    speedups = _interleaved_speedups(reference_call, exact)
+    errors = {n: v[2] for n, v in exact.items()}
+    winners = [n for n, s in speedups.items() if s >= MIN_SPEEDUP]
+    if len(winners) > 1:  # several single changes help: measure them together too
+        combined: dict = {}
+        for name in sorted(winners, key=speedups.get):
+            combined.update(exact[name][0])
+        announce("combined")
+        verdict = _try(build, combined, reference, scale)
+        if isinstance(verdict, str):
+            rejected["combined"] = verdict
+        else:
+            exact = {"combined": (combined, *verdict)} | {n: exact[n] for n in winners}
+            errors["combined"] = verdict[1]
+            announce(None)
+            speedups |= _interleaved_speedups(reference_call, exact)
+    best = max(speedups, key=speedups.get, default=None)
+    if best is not None and speedups[best] >= MIN_SPEEDUP:
+        # Confirm the winner against the default alone: on a busy machine one candidate's rounds
+        # can catch a quiet moment, and a false win would be cached for good.
+        announce(None)
+        speedups[best] = min(speedups[best], _interleaved_speedups(reference_call, {best: exact[best]})[best])
+    measured = {n: round(s, 3) for n, s in speedups.items()}
+    if best is None or speedups[best] < MIN_SPEEDUP:
+        return XlaChoice({}, measured=measured, rejected=rejected, skipped_for_user_flags=skipped, errors=errors)
+    options, _, error = exact[best]
+    return XlaChoice(dict(options), round(speedups[best], 3), error, measured, rejected, skipped, errors)
+
+
+def _try(build, options: dict, reference: np.ndarray, scale: float):
+    """(call, error) when `options` compile and stay within TOLERANCE; else why not (a str)."""
+    try:
+        call = build(dict(options))
+        result = call()
+    except Exception as exc:  # noqa: BLE001 - an option this jaxlib does not know, or cannot use
+        return f"does not compile here: {str(exc).splitlines()[0][:160]}"
+    if result.shape != reference.shape:
+        return f"result shape {result.shape}, not {reference.shape}"
+    error = float(np.max(np.abs(result.astype(np.float64) - reference.astype(np.float64)))) / scale
+    if not error <= TOLERANCE:  # also refuses NaN
+        return f"inexact: max relative difference {error:.2e} > {TOLERANCE:g}"
+    return call, error
+
+
+def _interleaved_speedups(reference_call, exact: dict) -> dict[str, float]:
+    """Each candidate's median speedup over the default compilation, timed in rotating rounds."""
+    calls = {"default": reference_call} | {n: v[1] for n, v in exact.items()}
+    if len(calls) == 1:
+        return {}
+    for call in calls.values():  # warm-up: first runs allocate
+        call()
+    one_call = seconds(reference_call)
+    rounds = int(min(9, max(3, PROBE_BUDGET_S / max(one_call * len(calls), 1e-6))))
+    times: dict[str, list[float]] = {n: [] for n in calls}
+    names = list(calls)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(seconds(calls[name]))
+    base = median(times["default"])
+    return {n: base / median(times[n]) for n in exact}
+
+
+# --------------------------------------------------------------------------- the child process
+
+#: Seconds a child may take before it is given up (the probe takes a few on 2 busy cores).
+CHILD_TIMEOUT_S = 120
+
+
+def measure_in_child(candidate_options: dict[str, dict]) -> XlaChoice:
+    """`measure` in a fresh Python process: an option can crash XLA (oneDNN's graph dots die
+    with SIGILL on this project's AMD CPU), and a crash must cost a candidate, not the load.
+    The child names each candidate before it compiles it; when the child dies, the one it
+    named last is recorded as rejected and a new child measures the rest."""
+    crashed: dict[str, str] = {}
+    for _ in range(len(candidate_options) + 1):
+        remaining = {n: o for n, o in candidate_options.items() if n not in crashed}
+        outcome = _run_child(remaining)
+        if isinstance(outcome, XlaChoice):
+            return dataclasses.replace(outcome, rejected={**crashed, **outcome.rejected})
+        name, why = outcome
+        if name is None or name == "combined":  # not one candidate's fault: no choice to make
+            raise RuntimeError(f"the XLA probe process failed while timing: {why}")
+        crashed[name] = why
+    raise RuntimeError("the XLA probe process kept failing")
+
+
+def _run_child(candidate_options: dict[str, dict]):
+    """The child's XlaChoice, or (the candidate it was compiling or None, why it ended)."""
+    import subprocess
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # the probe is XLA:CPU's; no GPU to start
+    done = subprocess.run(child_command(), input=json.dumps(candidate_options), env=env,
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    last = None
+    for line in done.stdout.splitlines():
+        message = json.loads(line) if line.startswith("{") else {}
+        if "choice" in message:
+            return XlaChoice(**message["choice"])
+        last = message.get("compiling", last)
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:160]
+    return last, f"the process ended with {_exit_status(done.returncode)} while compiling it ({tail})"
+
+
+def child_command(prelude: str = "") -> list[str]:
+    """The child's command line: this checkout's `child_main` (after `prelude`, Python run
+    first in the child; tests use it to stand in for the compiler)."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {prelude}\n"
+            "from linnet.backends.xla_options import child_main; child_main()"]
+
+
+def _exit_status(code: int) -> str:
+    import signal
+
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def child_main() -> None:
+    """The child's side: candidates as JSON on stdin; one JSON line per step on stdout."""
+    import sys
+
+    def announce(name):
+        print(json.dumps({"compiling": name}), flush=True)
+
+    choice = measure(json.loads(sys.stdin.read()), compile_probe, announce)
+    print(json.dumps({"choice": vars(choice)}), flush=True)
+
+
+# --------------------------------------------------------------------------- the probe program
+
+
+def probe_program(x, p):
+    """One post-norm encoder layer (BERT's): what the jax backend's MiniLM and bert entries spend
+    their time on, in the same jnp operations the generated code uses."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, seq, width = x.shape
+    heads = PROBE_SHAPE["heads"]
+
+    def layer_norm(h, gamma, beta):
+        mean = jnp.mean(h, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(h - mean), axis=-1, keepdims=True)
+        return (h - mean) * jax.lax.rsqrt(var + 1e-12) * gamma + beta
+
+    qkv = (x @ p["qkv_w"].T + p["qkv_b"]).reshape(batch, seq, 3, heads, width // heads)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (width // heads) ** -0.5
+    context = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(batch, seq, width)
+    h = layer_norm(x + context @ p["out_w"].T + p["out_b"], p["ln1_g"], p["ln1_b"])
+    up = jax.nn.gelu(h @ p["up_w"].T + p["up_b"], approximate=False)
+    return layer_norm(h + up @ p["down_w"].T + p["down_b"], p["ln2_g"], p["ln2_b"])
+
+
+def probe_inputs() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Seeded inputs and weights at `PROBE_SHAPE`, scaled like a trained BERT's (std 0.02-1)."""
+    s = PROBE_SHAPE
+    rng = np.random.default_rng(0)
+    normal = lambda *shape, std=0.05: (rng.standard_normal(shape) * std).astype(np.float32)  # noqa: E731
+    x = normal(s["batch"], s["seq"], s["width"], std=1.0)
+    params = {"qkv_w": normal(3 * s["width"], s["width"]), "qkv_b": normal(3 * s["width"]),
+              "out_w": normal(s["width"], s["width"]), "out_b": normal(s["width"]),
+              "up_w": normal(s["ff"], s["width"]), "up_b": normal(s["ff"]),
+              "down_w": normal(s["width"], s["ff"]), "down_b": normal(s["width"]),
+              "ln1_g": 1 + normal(s["width"]), "ln1_b": normal(s["width"]),
+              "ln2_g": 1 + normal(s["width"]), "ln2_b": normal(s["width"])}
+    return x, params
+
+
+def compile_probe(options: dict):
+    """`probe_program` compiled on the CPU with `options`; returns a call giving its result."""
+    import jax
+
+    device = jax.devices("cpu")[0]
+    x, params = jax.device_put(probe_inputs(), device)
+    compiled = jax.jit(probe_program, compiler_options=options or None).lower(x, params).compile()
+    return lambda: np.asarray(compiled(x, params).block_until_ready())
+
+
+# --------------------------------------------------------------------------- the per-machine cache
+
+
+def machine_key() -> str:
+    """What a timing depends on: CPU model, logical cores, jaxlib version, the user's XLA_FLAGS."""
+    import jaxlib
+
+    flags = " ".join(os.environ.get("XLA_FLAGS", "").split())
+    return f"{cpu_model()}|cores={os.cpu_count()}|jaxlib={jaxlib.__version__}|XLA_FLAGS={flags}"
+
+
+def _cache_file(cache_dir: Path) -> Path:
+    return cache_dir / "kernels" / "xla-options.json"
+
+
+def _read_cache(cache_dir: Path | None) -> dict[str, XlaChoice]:
+    if cache_dir is None:
+        return {}
+    try:
+        return {k: XlaChoice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
+    except TypeError:  # written by another version of this module
+        return {}
