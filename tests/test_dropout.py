@@ -213,9 +213,12 @@ def test_hf_config_rates_show_where_transformers_applies_them(hf_cache):
     ctx, _ = nest.prepare(repo.name)
     text = emit(ctx.program)
     assert "return F.dropout(self.norm(summed), 0.2, self.training)" in text  # embeddings
-    assert text.count(", 0.2, self.training)") == 3  # + both residual branches of EncoderLayer
+    # + the embeddings of vectors (`inputs_embeds`), and both residual branches of EncoderLayer
+    # in `forward` and in `forward_head_masked`
+    assert text.count(", 0.2, self.training)") == 6
     assert "mask, 0.3, self.training)" in text  # attention probabilities
-    assert "self.classifier(F.dropout(self.bert.pool(" in text and ", 0.4, self.training))" in text
+    # the classifier's input: the pooled vector, in the function every `logits*` entry shares
+    assert "self.classifier(F.dropout(self.bert.pool_hidden(hidden), 0.4, self.training))" in text
 
 
 def test_bert_classifier_rate_defaults_to_the_hidden_rate(hf_cache):
@@ -226,8 +229,9 @@ def test_bert_classifier_rate_defaults_to_the_hidden_rate(hf_cache):
                                    hidden_dropout_prob=0.15, classifier_dropout=None)
     ctx, _ = nest.prepare(repo.name)
     text = emit(ctx.program)
-    assert "self.classifier(F.dropout(self.encoder(tokens, token_types, attention_mask), 0.15, self.training))" \
-        in text
+    # every position's hidden state, in the function every `logits*` entry shares
+    assert "def scores(self, hidden):" in text
+    assert "self.classifier(F.dropout(hidden, 0.15, self.training))" in text
 
 
 def test_hf_rate_outside_zero_one_is_refused(hf_cache):

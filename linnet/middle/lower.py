@@ -130,6 +130,8 @@ class Lowerer:
         self.function_ids: dict[tuple, str] = {}
         #: Every dim symbol in use: the entries' dims, and the local ones `_local_dims` makes.
         self.dim_names: set[str] = {d for sig in instance.entries.values() for d in sig.dims}
+        #: (callee generic, the caller's product) -> the callee's own dim for it (`_local_dims`)
+        self.local_dims: dict[tuple[str, str], DimExpr] = {}
 
     # ---------------------------------------------------------------- blocks
     def lower(self) -> ir.Program:
@@ -449,18 +451,24 @@ class Lowerer:
         Generated code reads every dim a function uses from its own inputs' shapes, and no
         input axis of the callee holds `B` or `C` alone, only `B * C`: a fresh symbol for
         the whole product is what the callee can read.  Its name is the callee's generic,
-        made unique in the program (`B_2`).
+        made unique in the program (`B_2`).  The same product gets the same symbol at every
+        call, so calls that agree in everything else share one specialisation of the callee
+        (each entry of the multiple-choice head runs one encoder, not one copy per entry: a
+        rewrite of one copy, such as the fused Q/K/V projection, then holds for all).
         """
         out = dict(env)
         for name in (g.name for g in callee.generics if g.kind == DIM_KIND):
             value = env.get(name)
             if not isinstance(value, DimExpr) or value.as_int() is not None or _is_symbol(value):
                 continue
-            fresh, n = name, 2
-            while fresh in self.dim_names:
-                fresh, n = f"{name}_{n}", n + 1
-            self.dim_names.add(fresh)
-            out[name] = sym(fresh)
+            key = (name, str(value))
+            if key not in self.local_dims:
+                fresh, n = name, 2
+                while fresh in self.dim_names:
+                    fresh, n = f"{name}_{n}", n + 1
+                self.dim_names.add(fresh)
+                self.local_dims[key] = sym(fresh)
+            out[name] = self.local_dims[key]
         return out
 
     # ------------------------------------------------------------ primitives

@@ -149,9 +149,14 @@ def _unique(name: str, taken) -> str:
 
 
 def _sub_uses(program: ir.Program, block_id: str) -> dict[str, int]:
-    """How many times each sub member of a block is called, over all of its methods."""
+    """How many times each sub member of a block is called, over all of its methods.
+
+    Every specialisation of a method counts (lowering makes one per set of dims it is called
+    with, and `methods_of` lists only the first): the rewrites change one function only, so a
+    sub that a second specialisation also calls must count as used twice and be left alone.
+    """
     counts: dict[str, int] = {}
-    for fn in program.methods_of(block_id):
+    for fn in (f for f in program.functions.values() if f.block == block_id):
         for e in _stmt_exprs(fn.body):
             if isinstance(e, ir.Call) and e.receiver not in (None, "self"):
                 counts[e.receiver] = counts.get(e.receiver, 0) + 1
