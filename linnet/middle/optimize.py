@@ -14,14 +14,23 @@ Passes, in order:
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
   N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
   better.  Each output element is still the same dot product over the same `In` values, so
-  the rounding is unchanged (measured bit-identical on MKL, MLAS and XLA:CPU).
+  the rounding is unchanged (measured bit-identical on MKL, MLAS and XLA:CPU).  The group is
+  the largest one any statement of the block has; the subs may be called elsewhere too
+  (BERT's `attentions` reads the query and key projections again), and each of those calls
+  becomes a slice of the fused call on its own input, so the fusion never depends on which
+  entries a program has (a site that needs only some rows computes all of them: `attentions`
+  pays for V's rows once more per layer, `forward` nothing).  A call inside a loop, or on an
+  input with calls in it, keeps the subs unfused.
 * `fold_attention_scale` — `attention(q, k, v, scale, mask)` where `q` comes from a `Linear`
   through data movement only (`split_heads`: reshape and permute) and `scale` is a power of
   two (BERT's 1 / sqrt(64) = 0.125): the scale is folded into that `Linear`'s weight and bias
   at bind time and the call gets `scale = 1`.  Multiplying by a power of two is exact in
   binary floating point (barring underflow into subnormals), so `(x W^T + b) * s` and
-  `x (s W)^T + s b` are the same numbers; the per-call multiply over Q disappears.  A scale
-  that is not a power of two is folded only with `exact=False`.  In f16 the fold is off by
+  `x (s W)^T + s b` are the same numbers; the per-call multiply over Q disappears.  The
+  scaled rows must be read by attention queries only, all with the same scale (both BERT's
+  `attention` and its `attention_probabilities` take them): any other read would see the
+  scale, so then nothing is folded.  A scale that is not a power of two is folded only with
+  `exact=False`.  In f16 the fold is off by
   default: f16's subnormal range starts at 6e-5, where real weights live.
 
 `optimize(program)` returns an `Optimized` with the new program, the `plan` (one
