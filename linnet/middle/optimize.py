@@ -19,7 +19,8 @@ Passes, in order:
   (BERT's `attentions` reads the query and key projections again), and each of those calls
   becomes a slice of the fused call on its own input, so the fusion never depends on which
   entries a program has (a site that needs only some rows computes all of them: `attentions`
-  pays for V's rows once more per layer, `forward` nothing).  A call inside a loop, or on an
+  runs the fused matmul a second time per layer, V's rows unused there; `forward` pays
+  nothing).  A call inside a loop, or on an
   input with calls in it, keeps the subs unfused.
 * `fold_attention_scale` — `attention(q, k, v, scale, mask)` where `q` comes from a `Linear`
   through data movement only (`split_heads`: reshape and permute) and `scale` is a power of
@@ -257,46 +258,53 @@ def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, anchor, group:
         for p in ("weight", "bias"):
             out.plan[f"{prefix}{member}.{p}"] = ParamTransform(
                 f"{prefix}{member}.{p}", tuple(f"{prefix}{c.receiver}.{p}" for c in group), 0)
-    # Every call of the group's subs becomes a slice of the fused call on its input: one
-    # `let <member> = <member>.forward(x)` before each statement, per distinct input.
     rows, start = {}, 0
     for call, width in zip(group, widths):
         rows[call.receiver], start = (start, start + width), start + width
     for method in program.methods_of(block.id):
-        taken = {n for n, _ in method.params} | ir.bound_names(method.body)
-        new_body = []
-        for stmt in method.body:
-            calls = [] if isinstance(stmt, ir.Loop) else [
-                e for e in _walk_exprs(stmt.value) if isinstance(e, ir.Call) and e.receiver in rows]
-            if not calls:
-                new_body.append(stmt)
-                continue
-            locals_by_input: dict[ir.Expr, ir.Ref] = {}
-            for call in calls:
-                if call.args[0] not in locals_by_input:
-                    fused = ir.TensorType(call.type.dims[:-1] + (const(total),), dtype)
-                    local = _unique(member, taken)
-                    taken.add(local)
-                    value = ir.Call(fused_fn_id, (call.args[0],), fused, stmt.line, member)
-                    new_body.append(ir.Let(local, value, stmt.line))
-                    locals_by_input[call.args[0]] = ir.Ref(local, fused)
-
-            def as_slice(e):
-                if not (isinstance(e, ir.Call) and e.receiver in rows):
-                    return None
-                first_row, end_row = rows[e.receiver]
-                items = tuple(("slice", const(0), None) for _ in range(e.type.rank - 1)) + (
-                    ("slice", const(first_row), const(end_row)),)
-                return ir.Op("index", (locals_by_input[e.args[0]],), e.type, e.line, (("items", items),))
-
-            new_body.append(replace(stmt, value=_map_expr(stmt.value, as_slice)))
+        for stmt, read in _calls_as_slices(method, rows, member, fused_fn_id, total, dtype):
             if method is fn and stmt is anchor:
                 out.applied.append(f"{block.id}.{fn.name}: fused {', '.join(c.receiver for c in group)} into one "
                                    f"Linear<{in_dim}, {total}> `{member}`")
             else:
-                read = sorted({c.receiver for c in calls}, key=list(rows).index)
                 out.applied.append(f"{block.id}.{method.name}: {', '.join(read)} read as rows of the fused `{member}`")
-        method.body[:] = new_body
+
+
+def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], member: str, fused_fn_id: str,
+                     total: int, dtype: str) -> list[tuple[object, list[str]]]:
+    """Rewrite every call of the subs in `rows` in `method` as a slice of the fused call on
+    its input: one `let <member> = <member>.forward(x)` before the statement per distinct
+    input.  Returns each rewritten statement as it was, with the subs it called."""
+    taken = {n for n, _ in method.params} | ir.bound_names(method.body)
+    new_body, rewritten = [], []
+    for stmt in method.body:
+        calls = [] if isinstance(stmt, ir.Loop) else [
+            e for e in _walk_exprs(stmt.value) if isinstance(e, ir.Call) and e.receiver in rows]
+        if not calls:
+            new_body.append(stmt)
+            continue
+        locals_by_input: dict[ir.Expr, ir.Ref] = {}
+        for call in calls:
+            if call.args[0] not in locals_by_input:
+                fused = ir.TensorType(call.type.dims[:-1] + (const(total),), dtype)
+                local = _unique(member, taken)
+                taken.add(local)
+                new_body.append(ir.Let(local, ir.Call(fused_fn_id, (call.args[0],), fused, stmt.line, member),
+                                       stmt.line))
+                locals_by_input[call.args[0]] = ir.Ref(local, fused)
+
+        def as_slice(e):
+            if not (isinstance(e, ir.Call) and e.receiver in rows):
+                return None
+            first_row, end_row = rows[e.receiver]
+            items = tuple(("slice", const(0), None) for _ in range(e.type.rank - 1)) + (
+                ("slice", const(first_row), const(end_row)),)
+            return ir.Op("index", (locals_by_input[e.args[0]],), e.type, e.line, (("items", items),))
+
+        new_body.append(replace(stmt, value=_map_expr(stmt.value, as_slice)))
+        rewritten.append((stmt, sorted({c.receiver for c in calls}, key=list(rows).index)))
+    method.body[:] = new_body
+    return rewritten
 
 
 # ----------------------------------------------------- fold_attention_scale
