@@ -94,6 +94,7 @@ def test_scale_that_is_not_a_power_of_two_is_kept_unless_inexact_allowed(minilm_
     exact = optimize(minilm_program)  # Dh = 32: scale 1 / sqrt(32)
     assert all(not t.row_scales for t in exact.plan.values())
     assert any("fused query, key, value" in line for line in exact.applied)
+    assert "Attention.probabilities: query, key read as rows of the fused `query_key_value`" in exact.applied
     loose = optimize(minilm_program, exact=False)
     assert loose.plan["encoder.layers.0.attention.query_key_value.bias"].row_scales[0][:2] == (0, 384)
 
