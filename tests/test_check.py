@@ -73,7 +73,7 @@ def test_bert_checks_with_every_entry(bert):
     assert bert.target.kind == "entry"
     assert bert.instance.root.block.name == "PreTraining"
     assert list(bert.instance.entries) == ["forward", "hidden_states", "pool", "embed", "forward_positioned",
-                                           "forward_embeds", "forward_head_masked", "mlm", "nsp",
+                                           "forward_embeds", "forward_head_masked", "attentions", "mlm", "nsp",
                                            "mlm_loss", "nsp_loss", "pretraining_loss"]
     assert bert.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768, "Heads": 12,
                              "Inner": 3072, "Layers": 12, "T": "f32"}
@@ -97,7 +97,7 @@ def test_bert_entry_signatures(bert):
 
 def test_bert_precondition_is_recorded_for_every_entry(bert):
     for name in ("forward", "hidden_states", "pool", "embed", "forward_positioned", "forward_embeds",
-                 "forward_head_masked", "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss"):
+                 "forward_head_masked", "attentions", "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss"):
         (pre,) = bert.instance.entries[name].preconditions
         assert str(pre) == "S <= 512"
         assert str(pre.clause) == "S <= MaxPositions"

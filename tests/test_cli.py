@@ -74,13 +74,13 @@ def test_sequence_too_long_names_the_precondition():
     assert result.returncode == 1
     assert_no_traceback(result)
     for occurrence, entry in enumerate(("forward", "hidden_states", "pool", "embed", "forward_positioned",
-                                        "forward_embeds", "forward_head_masked", "mlm", "nsp")):
+                                        "forward_embeds", "forward_head_masked", "attentions", "mlm", "nsp")):
         assert f"entry `{entry}` cannot run" in result.stderr
         assert f"lib.linnet:{entry_precondition(occurrence)}" in result.stderr
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "12 errors" in result.stderr  # every entry declares it (9, and the 3 losses)
+    assert "13 errors" in result.stderr  # every entry declares it (10, and the 3 losses)
     assert result.stdout == ""
 
 
@@ -120,7 +120,7 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 12  # one per entry, the 3 losses too
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 13  # one per entry, the 3 losses too
     span = report["diagnostics"][0]["span"]
     line, col = map(int, entry_precondition(0).split(":"))
     assert span["file"].endswith("lib.linnet") and (span["line"], span["col"]) == (line, col)

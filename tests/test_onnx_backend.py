@@ -182,8 +182,10 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
 
     program = copy.copy(minilm_onnx.program)
     # The entries for transformers' other inputs (position_ids, inputs_embeds, head_mask)
-    # take inputs of their own, so each is a file of its own.
-    others = [(f"model.{name}.onnx", [name]) for name in ("forward_positioned", "forward_embeds", "forward_head_masked")]
+    # take inputs of their own, so each is a file of its own; `attentions` takes the same
+    # inputs, but its result per pair of positions is kept out of model.onnx.
+    others = [(f"model.{name}.onnx", [name])
+              for name in ("forward_positioned", "forward_embeds", "forward_head_masked", "attentions")]
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
         ("model.onnx", ["forward", "hidden_states", "pool", "embed"]), *others]
     pool = program.entries["pool"]
@@ -282,10 +284,11 @@ def test_linnet_build_backend_onnx(minilm_checkpoint, tmp_path, capsys):
     assert "model.onnx" in capsys.readouterr().out
     with capsys.disabled():
         print(f"\nlinnet build --backend onnx (minilm): {seconds:.1f} s")
-    # model.onnx serves the entries that take ids; those for transformers' other inputs are
-    # graphs of their own beside it.
+    # model.onnx serves the entries that take ids; those for transformers' other inputs, and
+    # `attentions` (a result per pair of positions), are graphs of their own beside it.
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "model.forward_embeds.onnx", "model.forward_head_masked.onnx", "model.forward_positioned.onnx", "model.onnx"]
+        "model.attentions.onnx", "model.forward_embeds.onnx", "model.forward_head_masked.onnx",
+        "model.forward_positioned.onnx", "model.onnx"]
     onnx.checker.check_model(str(tmp_path / "model.onnx"), full_check=True)
 
 
@@ -304,7 +307,8 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     paths = build(ctx, tmp_path)
     assert [p.name for p in paths][:2] == ["model.onnx", "model.onnx.data"]
     assert {p.name for p in paths[2:]} == {f"model.{entry}.onnx{data}" for data in ("", ".data")
-                                          for entry in ("forward_positioned", "forward_embeds", "forward_head_masked")}
+                                          for entry in ("forward_positioned", "forward_embeds", "forward_head_masked",
+                                                        "attentions")}
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
     tokens, token_types = random_inputs(1, 9)

@@ -46,10 +46,55 @@ def test_qkv_fused_and_power_of_two_scale_folded(bert_program):
     assert "query_key_value" not in {s.name for s in bert_program.blocks["Attention"].subs}
 
 
+def test_second_reads_of_the_projections_become_rows_of_the_fused_matmul(bert_program):
+    """`Attention.probabilities` (the `attentions` entry) calls query and key again: each call
+    site computes the fused matmul on its own input and slices it, and the folded scale holds
+    for both attention paths, since every read of the query rows is an attention's queries."""
+    out = optimize(bert_program)
+    assert "Attention.context: fused query, key, value into one Linear<768, 2304> `query_key_value`" in out.applied
+    assert "Attention.probabilities: query, key read as rows of the fused `query_key_value`" in out.applied
+    assert [line for line in out.applied if "folded" in line] == [
+        f"Attention.{fn}: folded the attention scale 0.125 into `query_key_value` rows [0, 768)"
+        for fn in ("context", "probabilities")]
+    probabilities = out.program.functions["Attention.probabilities"]
+    let, ret = probabilities.body
+    assert isinstance(let, ir.Let) and let.value.receiver == "query_key_value"
+    rows = [e.attr("items")[-1][1:] for e in _exprs(ret.value) if isinstance(e, ir.Op) and e.op == "index"]
+    assert [(a.as_int(), b.as_int()) for a, b in rows] == [(0, 768), (768, 1536)]
+    assert ret.value.args[2] == ir.Scalar(1.0, ret.value.args[2].type)
+    assert not any(isinstance(e, ir.Call) and e.receiver in ("query", "key") for e in _exprs(ret.value))
+
+
+def _exprs(e):
+    yield e
+    for a in getattr(e, "args", ()):
+        yield from _exprs(a)
+
+
+def test_scale_stays_when_the_query_rows_are_read_elsewhere(bert_program):
+    """A read of the query projection that is not an attention's queries (here: the rows
+    returned by a method of their own) would see the folded scale, so nothing is folded."""
+    import copy
+
+    program = copy.deepcopy(bert_program)
+    context = program.functions["Attention.context"]
+    query_call = next(e for e in _exprs(context.body[-1].value) if isinstance(e, ir.Call) and e.receiver == "query")
+    program.functions["Attention.raw_query"] = ir.Function(
+        "Attention.raw_query", "raw_query", context.source, "Attention", context.params[:1],
+        [ir.Return(query_call, context.body[-1].line)], query_call.type, context.span, dict(context.generics),
+        dict(context.dim_sources))
+    program.blocks["Attention"].methods["raw_query"] = "Attention.raw_query"
+    out = optimize(program, passes=("fuse_linears", "fold_attention_scale"))
+    assert any("Attention.raw_query: query read as rows" in line for line in out.applied)
+    assert not any("folded" in line for line in out.applied)
+    assert all(not t.row_scales for t in out.plan.values())
+
+
 def test_scale_that_is_not_a_power_of_two_is_kept_unless_inexact_allowed(minilm_program):
     exact = optimize(minilm_program)  # Dh = 32: scale 1 / sqrt(32)
     assert all(not t.row_scales for t in exact.plan.values())
     assert any("fused query, key, value" in line for line in exact.applied)
+    assert "Attention.probabilities: query, key read as rows of the fused `query_key_value`" in exact.applied
     loose = optimize(minilm_program, exact=False)
     assert loose.plan["encoder.layers.0.attention.query_key_value.bias"].row_scales[0][:2] == (0, 384)
 
@@ -114,8 +159,11 @@ def test_optimised_torch_program_is_bit_identical(bert_program, batch, seq):
     with torch.inference_mode():
         a, b = plain.pool(tokens, types_, mask), fused.pool(tokens, types_, mask)
         h1, h2 = plain(tokens, types_, mask), fused(tokens, types_, mask)
+        # The probabilities read Q and K as rows of the fused matmul, Q scaled in the weights.
+        p1, p2 = plain.attentions(tokens, types_, mask), fused.attentions(tokens, types_, mask)
     assert (h1 - h2).abs().max().item() == 0.0
     assert (a - b).abs().max().item() == 0.0
+    assert (p1 - p2).abs().max().item() == 0.0
 
 
 def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):

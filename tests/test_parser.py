@@ -68,13 +68,14 @@ def test_bert_source_parses_into_its_blocks_and_functions():
                                                                          ("forward_positioned", True, True),
                                                                          ("forward_embeds", True, True),
                                                                          ("forward_head_masked", True, True),
+                                                                         ("attentions", True, True),
                                                                          ("word_table", False, True),
                                                                          ("pool_hidden", False, True)]
     assert len(model.where) == 2
     pretraining = blocks["PreTraining"]
     assert [(f.name, f.is_entry) for f in pretraining.functions] == [
         ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("forward_positioned", True),
-        ("forward_embeds", True), ("forward_head_masked", True), ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
+        ("forward_embeds", True), ("forward_head_masked", True), ("attentions", True), ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")

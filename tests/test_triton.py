@@ -58,9 +58,10 @@ def expected_io(name: str, dtype: str | None, batched: bool):
         return [d.as_int() if d.as_int() is not None else -1 for d in shown]
 
     inputs = [(n, PB_TYPES[t.dtype], dims(t)) for n, t in root.inputs]
-    # Served by default: the entries taking the root's inputs (not the loss entries, which take labels too).
+    # Served by default: the entries taking the root's inputs (not the loss entries, which take labels too),
+    # except `attentions`, whose [B, Layers, Heads, S, S] probabilities grow with the square of S.
     outputs = [(ctx.output_name(e.name), PB_TYPES[e.result.dtype], dims(e.result)) for e in program.entries.values()
-               if e.inputs == root.inputs]
+               if e.inputs == root.inputs and e.name != "attentions"]
     return ctx, inputs, outputs
 
 
@@ -77,6 +78,18 @@ def test_loss_entries_are_served_only_when_named():
     with pytest.raises(LinnetError) as info:
         triton_io(ctx, entries=["forward", "mlm_loss"])
     assert info.value.code == codes.TRITON_INCOMPATIBLE_ENTRIES
+
+
+def test_attentions_are_served_only_when_named():
+    """`attentions` takes the same inputs and batches along B, but a result per pair of
+    positions is no default: named, it is served beside `forward`, batched."""
+    ctx, _ = prepare(MINILM, need_weights=False)
+    assert "attentions" in ctx.program.entries
+    assert "attentions" not in [o.entry for o in triton_io(ctx).outputs]
+    io = triton_io(ctx, entries=["forward", "attentions"])
+    assert [(o.entry, o.dims) for o in io.outputs] == [("forward", ("B", "S", "384")),
+                                                       ("attentions", ("B", "6", "12", "S", "S"))]
+    assert io.batch_dim == "B"
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "python"])

@@ -93,7 +93,7 @@ def _signature(entry: ir.Entry) -> tuple:
 def layout(program: ir.Program, root_entry: str | None = None) -> list[ModelFile]:
     """Which entries go to which file: the root entry and every entry taking the same inputs
     share `model.onnx`; each other entry has a file of its own (a loss entry, which also
-    takes labels, or a decoder step that takes a cache).
+    takes labels, a decoder step that takes a cache, or an entry with a `pairwise_result`).
 
     The root entry comes first and its file is `model.onnx`, so a caller that wants "the"
     model can take the first path.
@@ -103,7 +103,11 @@ def layout(program: ir.Program, root_entry: str | None = None) -> list[ModelFile
         names.remove(root_entry)
         names.insert(0, root_entry)
     shared = _signature(program.entries[names[0]])
-    first = [n for n in names if _signature(program.entries[n]) == shared]
+    # ONNX Runtime runs every node of a graph whatever outputs a call asks for, so an entry
+    # with a result per pair of positions (attention probabilities) would make every call of
+    # model.onnx pay for it: it gets a file of its own.
+    first = [n for n in names if _signature(program.entries[n]) == shared
+             and (n == names[0] or not ir.pairwise_result(program.entries[n]))]
     return [ModelFile("model.onnx", first)] + [ModelFile(f"model.{n}.onnx", [n]) for n in names if n not in first]
 
 

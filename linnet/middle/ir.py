@@ -220,6 +220,15 @@ class Entry:
     packed_by: tuple[str, tuple[int, ...]] | None = None
 
 
+def pairwise_result(entry: Entry) -> bool:
+    """Whether the entry's result has one of its free dims twice, a value per pair of
+    positions (attention probabilities, `[B, Layers, Heads, S, S]`): its size grows with the
+    square of the sequence, so exports keep it apart from the per-token entries (a graph of
+    its own, out of Triton's default set)."""
+    free = [str(d) for d in entry.result.dims if str(d) in entry.dims]
+    return len(free) != len(set(free))
+
+
 @dataclass
 class Program:
     root: str  # Block.id

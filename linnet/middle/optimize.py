@@ -14,14 +14,24 @@ Passes, in order:
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
   N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
   better.  Each output element is still the same dot product over the same `In` values, so
-  the rounding is unchanged (measured bit-identical on MKL, MLAS and XLA:CPU).
+  the rounding is unchanged (measured bit-identical on MKL, MLAS and XLA:CPU).  The group is
+  the largest one any statement of the block has; the subs may be called elsewhere too
+  (BERT's `attentions` reads the query and key projections again), and each of those calls
+  becomes a slice of the fused call on its own input, so the fusion never depends on which
+  entries a program has (a site that needs only some rows computes all of them: `attentions`
+  runs the fused matmul a second time per layer, V's rows unused there; `forward` pays
+  nothing).  A call inside a loop, or on an
+  input with calls in it, keeps the subs unfused.
 * `fold_attention_scale` — `attention(q, k, v, scale, mask)` where `q` comes from a `Linear`
   through data movement only (`split_heads`: reshape and permute) and `scale` is a power of
   two (BERT's 1 / sqrt(64) = 0.125): the scale is folded into that `Linear`'s weight and bias
   at bind time and the call gets `scale = 1`.  Multiplying by a power of two is exact in
   binary floating point (barring underflow into subnormals), so `(x W^T + b) * s` and
-  `x (s W)^T + s b` are the same numbers; the per-call multiply over Q disappears.  A scale
-  that is not a power of two is folded only with `exact=False`.  In f16 the fold is off by
+  `x (s W)^T + s b` are the same numbers; the per-call multiply over Q disappears.  The
+  scaled rows must be read by attention queries only, all with the same scale (both BERT's
+  `attention` and its `attention_probabilities` take them): any other read would see the
+  scale, so then nothing is folded.  A scale that is not a power of two is folded only with
+  `exact=False`.  In f16 the fold is off by
   default: f16's subnormal range starts at 6e-5, where real weights live.
 
 `optimize(program)` returns an `Optimized` with the new program, the `plan` (one
@@ -38,7 +48,7 @@ from typing import Any, Mapping
 from . import ir
 from ..arrays import framework_of
 from ..dims import const
-from ..kernels import ATTENTION, ATTENTION_DROPOUT, LINEAR
+from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR
 from .packing import pack_tokens
 
 #: Passes `optimize` runs by default, in order.
@@ -148,19 +158,13 @@ def _unique(name: str, taken) -> str:
     return candidate
 
 
-def _sub_uses(program: ir.Program, block_id: str) -> dict[str, int]:
-    """How many times each sub member of a block is called, over all of its methods.
+def _block_functions(program: ir.Program, block_id: str) -> list[ir.Function]:
+    """Every function of a block, each specialisation included.
 
-    Every specialisation of a method counts (lowering makes one per set of dims it is called
-    with, and `methods_of` lists only the first): the rewrites change one function only, so a
-    sub that a second specialisation also calls must count as used twice and be left alone.
+    Lowering makes one copy of a method per set of dims it is called with, and `methods_of`
+    lists only the first; a rewrite that removes a sub must rewrite every copy that calls it.
     """
-    counts: dict[str, int] = {}
-    for fn in (f for f in program.functions.values() if f.block == block_id):
-        for e in _stmt_exprs(fn.body):
-            if isinstance(e, ir.Call) and e.receiver not in (None, "self"):
-                counts[e.receiver] = counts.get(e.receiver, 0) + 1
-    return counts
+    return [f for f in program.functions.values() if f.block == block_id]
 
 
 # ------------------------------------------------------------- fuse_linears
@@ -170,40 +174,64 @@ def _fuse_linears(out: Optimized, exact: bool) -> None:
     program = out.program
     for block_id in list(program.blocks):
         block = program.blocks[block_id]
-        for fn in program.methods_of(block_id):
-            index = 0
-            while index < len(fn.body):
-                stmt = fn.body[index]
-                group = None if isinstance(stmt, ir.Loop) else _linear_group(program, block, fn, stmt)
-                if group is None:
-                    index += 1
-                    continue
-                let = _fuse_group(out, block, fn, stmt, group)
-                fn.body[index:index] = [let]
-                index += 2
+        while (anchor := _linear_group(program, block)) is not None:
+            _fuse_group(out, block, *anchor)
 
 
-def _linear_group(program: ir.Program, block: ir.Block, fn: ir.Function, stmt) -> list[ir.Call] | None:
-    """Calls in `stmt` of distinct, single, otherwise unused Linear subs on one pure input."""
+def _linear_calls(program: ir.Program, block: ir.Block, stmt) -> list[ir.Call]:
+    """The calls in `stmt` of the block's single (not arrayed) std Linear subs."""
     subs = {s.name: s for s in block.subs}
-    uses = _sub_uses(program, block.id)
-    by_input: dict[tuple, list[ir.Call]] = {}
-    for e in _walk_exprs(stmt.value):
-        if not (isinstance(e, ir.Call) and e.receiver in subs and subs[e.receiver].count is None):
-            continue
-        callee = program.functions[e.function]
-        if not _is_std_linear(program, callee) or uses.get(e.receiver) != 1 or not _is_pure(e.args[0]):
-            continue
-        weight = dict(program.blocks[callee.block].params)["weight"]
-        key = (e.args[0], weight.dims[1], weight.dtype)
-        group = by_input.setdefault(key, [])
-        if all(c.receiver != e.receiver for c in group):
-            group.append(e)
-    groups = [g for g in by_input.values() if len(g) >= 2]
-    return groups[0] if groups else None
+    return [e for e in _walk_exprs(stmt.value)
+            if isinstance(e, ir.Call) and e.receiver in subs and subs[e.receiver].count is None
+            and _is_std_linear(program, program.functions[e.function])]
 
 
-def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, stmt, group: list[ir.Call]) -> ir.Let:
+def _linear_group(program: ir.Program, block: ir.Block) -> tuple[ir.Function, object, list[ir.Call]] | None:
+    """The statement that calls the most distinct Linear subs on one pure input, and those
+    calls (at least two), among the subs that `_rewritable` everywhere; None when there is none.
+
+    A sub may be called at other places too (BERT's attention probabilities read the query and
+    key projections again): each of those is rewritten as a slice of the fused call on its own
+    input, so every call of the fused subs must be one `_fuse_group` can rewrite.
+    """
+    best = None
+    for fn in _block_functions(program, block.id):
+        for stmt in fn.body:
+            if isinstance(stmt, ir.Loop):
+                continue
+            by_input: dict[tuple, list[ir.Call]] = {}
+            for e in _linear_calls(program, block, stmt):
+                if not _is_pure(e.args[0]) or not _rewritable(program, block, e.receiver):
+                    continue
+                weight = dict(program.blocks[program.functions[e.function].block].params)["weight"]
+                group = by_input.setdefault((e.args[0], weight.dims[1], weight.dtype), [])
+                if all(c.receiver != e.receiver for c in group):
+                    group.append(e)
+            for group in by_input.values():
+                if len(group) >= 2 and (best is None or len(group) > len(best[2])):
+                    best = (fn, stmt, group)
+    return best
+
+
+def _rewritable(program: ir.Program, block: ir.Block, member: str) -> bool:
+    """Every call of sub `member`, in every method of the block, is a Linear call on a pure
+    input in a statement outside any loop, so each can become a slice of a fused call."""
+    for fn in _block_functions(program, block.id):
+        for stmt in fn.body:
+            calls = [e for e in (_stmt_exprs([stmt]) if isinstance(stmt, ir.Loop) else _walk_exprs(stmt.value))
+                     if isinstance(e, ir.Call) and e.receiver == member]
+            if not calls:
+                continue
+            if isinstance(stmt, ir.Loop) or not all(
+                    _is_std_linear(program, program.functions[e.function]) and _is_pure(e.args[0]) for e in calls):
+                return False
+    return True
+
+
+def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, anchor, group: list[ir.Call]) -> None:
+    """Replace the `group`'s subs by one Linear over their concatenated weights, anchored at
+    statement `anchor` of `fn`, and rewrite every call of them (`_linear_group` proved each
+    rewritable)."""
     program = out.program
     first = program.functions[group[0].function]
     weights = [dict(program.blocks[program.functions[c.function].block].params) for c in group]
@@ -239,26 +267,53 @@ def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, stmt, group: l
         for p in ("weight", "bias"):
             out.plan[f"{prefix}{member}.{p}"] = ParamTransform(
                 f"{prefix}{member}.{p}", tuple(f"{prefix}{c.receiver}.{p}" for c in group), 0)
-    # The statement: `let <member> = <member>.forward(x)` before it, each call a slice of it.
-    taken = {n for n, _ in fn.params} | ir.bound_names(fn.body)
-    local = _unique(member, taken)
-    let = ir.Let(local, ir.Call(fused_fn_id, (group[0].args[0],), result, stmt.line, member), stmt.line)
-    slices: dict[int, ir.Op] = {}
-    start = 0
-    rank = result.rank
+    rows, start = {}, 0
     for call, width in zip(group, widths):
-        items = tuple(("slice", const(0), None) for _ in range(rank - 1)) + (("slice", const(start), const(start + width)),)
-        slices[id(call)] = ir.Op("index", (ir.Ref(local, result),), call.type, call.line, (("items", items),))
-        start += width
-    targets = {c: slices[id(c)] for c in group}
+        rows[call.receiver], start = (start, start + width), start + width
+    for method in _block_functions(program, block.id):
+        for stmt, read in _calls_as_slices(method, rows, member, fused_fn_id, total, dtype):
+            if method is fn and stmt is anchor:
+                out.applied.append(f"{block.id}.{fn.name}: fused {', '.join(c.receiver for c in group)} into one "
+                                   f"Linear<{in_dim}, {total}> `{member}`")
+            else:
+                out.applied.append(f"{block.id}.{method.name}: {', '.join(read)} read as rows of the fused `{member}`")
 
-    def swap(e):
-        return targets.get(e) if isinstance(e, ir.Call) and e in targets else None
 
-    fn.body[fn.body.index(stmt)] = replace(stmt, value=_map_expr(stmt.value, swap))
-    out.applied.append(f"{block.id}.{fn.name}: fused {', '.join(c.receiver for c in group)} into one "
-                       f"Linear<{in_dim}, {total}> `{member}`")
-    return let
+def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], member: str, fused_fn_id: str,
+                     total: int, dtype: str) -> list[tuple[object, list[str]]]:
+    """Rewrite every call of the subs in `rows` in `method` as a slice of the fused call on
+    its input: one `let <member> = <member>.forward(x)` before the statement per distinct
+    input.  Returns each rewritten statement as it was, with the subs it called."""
+    taken = {n for n, _ in method.params} | ir.bound_names(method.body)
+    new_body, rewritten = [], []
+    for stmt in method.body:
+        calls = [] if isinstance(stmt, ir.Loop) else [
+            e for e in _walk_exprs(stmt.value) if isinstance(e, ir.Call) and e.receiver in rows]
+        if not calls:
+            new_body.append(stmt)
+            continue
+        locals_by_input: dict[ir.Expr, ir.Ref] = {}
+        for call in calls:
+            if call.args[0] not in locals_by_input:
+                fused = ir.TensorType(call.type.dims[:-1] + (const(total),), dtype)
+                local = _unique(member, taken)
+                taken.add(local)
+                new_body.append(ir.Let(local, ir.Call(fused_fn_id, (call.args[0],), fused, stmt.line, member),
+                                       stmt.line))
+                locals_by_input[call.args[0]] = ir.Ref(local, fused)
+
+        def as_slice(e):
+            if not (isinstance(e, ir.Call) and e.receiver in rows):
+                return None
+            first_row, end_row = rows[e.receiver]
+            items = tuple(("slice", const(0), None) for _ in range(e.type.rank - 1)) + (
+                ("slice", const(first_row), const(end_row)),)
+            return ir.Op("index", (locals_by_input[e.args[0]],), e.type, e.line, (("items", items),))
+
+        new_body.append(replace(stmt, value=_map_expr(stmt.value, as_slice)))
+        rewritten.append((stmt, sorted({c.receiver for c in calls}, key=list(rows).index)))
+    method.body[:] = new_body
+    return rewritten
 
 
 # ----------------------------------------------------- fold_attention_scale
@@ -279,44 +334,111 @@ def _data_movement(program: ir.Program, fn: ir.Function) -> bool:
     return isinstance(e, ir.Ref) and e.name == fn.params[0][0]
 
 
+#: The std attention functions whose scale folds into their queries: source -> the index of
+#: the scale among the arguments (the queries are the first).
+_SCALED_QUERIES = {ATTENTION: 3, ATTENTION_DROPOUT: 3, ATTENTION_PROBABILITIES: 2}
+
+
 def _fold_attention_scale(out: Optimized, exact: bool) -> None:
     program = out.program
     for block_id in list(program.blocks):
         block = program.blocks[block_id]
-        uses = _sub_uses(program, block_id)
-        for fn in program.methods_of(block_id):
-            lets = {s.name: s.value for s in fn.body if isinstance(s, ir.Let)}
-            assigned = {s.name for s in fn.body if isinstance(s, ir.Assign)}
-
-            def fold(e):
-                attention = (ATTENTION, ATTENTION_DROPOUT)  # the same five leading arguments
-                if not (isinstance(e, ir.Call) and program.functions[e.function].source in attention):
-                    return None
-                scale = e.args[3]
-                if not isinstance(scale, ir.Scalar) or scale.value == 1.0:
-                    return None
-                if exact and (not _power_of_two(scale.value) or scale.type.dtype == "f16"):
-                    return None
-                target = _linear_source(program, block, fn, e.args[0], lets, assigned, uses)
-                if target is None:
-                    return None
-                member, start, stop = target
-                for prefix in _block_paths(program, block_id):
-                    for p in ("weight", "bias"):
-                        path = f"{prefix}{member}.{p}"
-                        t = out.plan.get(path, ParamTransform(path, (path,), 0))
-                        out.plan[path] = replace(t, row_scales=t.row_scales + ((start, stop, scale.value),))
-                out.applied.append(f"{block_id}.{fn.name}: folded the attention scale {scale.value:g} into "
+        by_rows: dict[tuple[str, int, int], list] = {}
+        for found in _scaled_attention_calls(program, block, exact):
+            by_rows.setdefault(found[2][:3], []).append(found)
+        for (member, start, stop), found in by_rows.items():
+            scales = {call.args[_SCALED_QUERIES[program.functions[call.function].source]].value
+                      for _, call, _ in found}
+            if len(scales) != 1 or not _read_only_by(program, block, member, (start, stop), found):
+                continue
+            (scale,) = scales
+            for prefix in _block_paths(program, block_id):
+                for p in ("weight", "bias"):
+                    path = f"{prefix}{member}.{p}"
+                    t = out.plan.get(path, ParamTransform(path, (path,), 0))
+                    out.plan[path] = replace(t, row_scales=t.row_scales + ((start, stop, scale),))
+            for fn, call, _ in found:
+                out.applied.append(f"{block_id}.{fn.name}: folded the attention scale {scale:g} into "
                                    f"`{member}` rows [{start}, {stop})")
-                return replace(e, args=e.args[:3] + (replace(scale, value=1.0),) + e.args[4:])
-
-            for i, stmt in enumerate(fn.body):
-                if not isinstance(stmt, ir.Loop):
-                    fn.body[i] = replace(stmt, value=_map_expr(stmt.value, fold))
+            _set_scale_one(program, {id(call) for _, call, _ in found}, {fn.id for fn, _, _ in found})
 
 
-def _linear_source(program, block, fn, q, lets, assigned, uses) -> tuple[str, int, int] | None:
-    """(sub member, first row, end row) of the Linear whose output `q` is, through data movement."""
+def _scaled_attention_calls(program: ir.Program, block: ir.Block, exact: bool) -> list:
+    """(method, attention call, (member, first row, end row, let name or None)) for each call
+    in the block's methods whose scale may fold into the Linear its queries come from."""
+    found = []
+    for fn in _block_functions(program, block.id):
+        lets = {s.name: s.value for s in fn.body if isinstance(s, ir.Let)}
+        assigned = {s.name for s in fn.body if isinstance(s, ir.Assign)}
+        for stmt in fn.body:
+            if isinstance(stmt, ir.Loop):
+                continue
+            for e in _walk_exprs(stmt.value):
+                if not (isinstance(e, ir.Call) and program.functions[e.function].source in _SCALED_QUERIES):
+                    continue
+                scale = e.args[_SCALED_QUERIES[program.functions[e.function].source]]
+                if not isinstance(scale, ir.Scalar) or scale.value == 1.0:
+                    continue
+                if exact and (not _power_of_two(scale.value) or scale.type.dtype == "f16"):
+                    continue
+                target = _linear_source(program, block, e.args[0], lets, assigned)
+                if target is not None:
+                    found.append((fn, e, target))
+    return found
+
+
+def _read_only_by(program: ir.Program, block: ir.Block, member: str, rows: tuple[int, int], found) -> bool:
+    """Whether every call of sub `member` is read, in the rows `rows`, by the queries of the
+    `found` attention calls only: then scaling those rows of its weights changes nothing else.
+
+    A call inside an expression must be a found call's queries; a call a `let` binds (a fused
+    projection) may also be read, by its other users, in rows that do not overlap `rows`.
+    """
+    for fn in _block_functions(program, block.id):
+        here = [target for f, _, target in found if f is fn]
+        lets = {s.name: s.value for s in fn.body if isinstance(s, ir.Let)}
+        exprs = list(_stmt_exprs(fn.body))
+        direct = sum(isinstance(e, ir.Call) and e.receiver == member for e in exprs)
+        for name, value in lets.items():
+            if not (isinstance(value, ir.Call) and value.receiver == member):
+                continue
+            direct -= 1
+            refs = sum(isinstance(e, ir.Ref) and e.name == name for e in exprs)
+            elsewhere = sum(isinstance(e, ir.Op) and e.op == "index" and isinstance(e.args[0], ir.Ref)
+                            and e.args[0].name == name and not _overlaps(e, rows) for e in exprs)
+            if refs != elsewhere + sum(t[3] == name for t in here):
+                return False
+        if direct != sum(t[3] is None for t in here):
+            return False
+    return True
+
+
+def _overlaps(index: ir.Op, rows: tuple[int, int]) -> bool:
+    """Whether an index of a fused projection reads any of `rows` along its last axis."""
+    *lead, last = index.attr("items")
+    if not all(i == ("slice", const(0), None) for i in lead) or last[0] != "slice" or last[2] is None:
+        return True
+    return last[1].as_int() < rows[1] and rows[0] < last[2].as_int()
+
+
+def _set_scale_one(program: ir.Program, calls: set[int], functions: set[str]) -> None:
+    """Give the attention calls `calls` (by id) scale 1 in the `functions` that hold them."""
+    def fold(e):
+        if isinstance(e, ir.Call) and id(e) in calls:
+            index = _SCALED_QUERIES[program.functions[e.function].source]
+            return replace(e, args=e.args[:index] + (replace(e.args[index], value=1.0),) + e.args[index + 1:])
+        return None
+
+    for fn_id in functions:
+        fn = program.functions[fn_id]
+        for i, stmt in enumerate(fn.body):
+            if not isinstance(stmt, ir.Loop):
+                fn.body[i] = replace(stmt, value=_map_expr(stmt.value, fold))
+
+
+def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, str | None] | None:
+    """(sub member, first row, end row, the `let` holding its call or None) of the Linear whose
+    output `q` is, through data movement."""
     while True:
         if isinstance(q, ir.Call) and q.receiver is None and _data_movement(program, program.functions[q.function]):
             q = q.args[0]
@@ -325,6 +447,7 @@ def _linear_source(program, block, fn, q, lets, assigned, uses) -> tuple[str, in
         else:
             break
     subs = {s.name: s for s in block.subs}
+    name = None
     if isinstance(q, ir.Op) and q.op == "index" and isinstance(q.args[0], ir.Ref):
         items = q.attr("items")
         *lead, last = items
@@ -337,10 +460,10 @@ def _linear_source(program, block, fn, q, lets, assigned, uses) -> tuple[str, in
     else:
         rows = None
     if not (isinstance(q, ir.Call) and q.receiver in subs and subs[q.receiver].count is None
-            and uses.get(q.receiver) == 1 and _is_std_linear(program, program.functions[q.function])):
+            and _is_std_linear(program, program.functions[q.function])):
         return None
     width = dict(program.blocks[program.functions[q.function].block].params)["weight"].dims[0].as_int()
-    return (q.receiver, *(rows or (0, width)))
+    return (q.receiver, *(rows or (0, width)), name)
 
 
 # ------------------------------------------------------------------ binding

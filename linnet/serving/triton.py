@@ -105,7 +105,8 @@ def triton_io(ctx, entries=None) -> TritonIO:
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
     without it, those `_served_by_default`: the losses (whose labels an inference client does
     not have), the entries for transformers' other inputs (`position_ids`, `inputs_embeds`,
-    `head_mask`) and a decoder's cache steps are left out.
+    `head_mask`), `attentions` (a result per pair of positions) and a decoder's cache steps
+    are left out.
     """
     program: ir.Program = ctx.program
     chosen = _chosen_entries(ctx, program, entries)
@@ -178,10 +179,14 @@ def _served_by_default(entry: ir.Entry, first: ir.Entry) -> bool:
     with their batch dim, so one batched model serves it beside the first.  Left out: training
     losses (they take labels too, which an inference client does not have) and a decoder's
     generation steps (GPT-2's `prefill` gives its cache with the layer dim first; `decode`
-    takes a cache).  Any entry is served when `entries` names it."""
+    takes a cache), and an entry with a result per pair of positions (`ir.pairwise_result`:
+    BERT's `attentions`, [B, Layers, Heads, S, S], 150 MB per bert-base sequence at S = 512),
+    which batches along B like the others but is a diagnostic no client should pay for by
+    default.  Any entry is served when `entries` names it."""
     lead = first.inputs[0][1].dims[0] if first.inputs and first.inputs[0][1].dims else None
     dims = entry.result.dims
-    return entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
+    return (entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
+            and not ir.pairwise_result(entry))
 
 
 # ---------------------------------------------------------------------- config

@@ -30,11 +30,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:301)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:302
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:303
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
 
 
 def embedding(ids, table):
@@ -62,8 +62,8 @@ def Embeddings_forward(params, tokens, token_types, positions, rng=None):
 
 
 def Encoder_positions(params, attention_mask):
-    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:295)
-    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:296
+    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
+    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:338
 
 
 def Linear_forward(params, x):
@@ -72,10 +72,10 @@ def Linear_forward(params, x):
 
 
 def Attention_merge_heads(params, context):
-    # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:136)
+    # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:148)
     B = context.shape[0]
     S = context.shape[2]
-    return Linear_forward(params["out"], jnp.transpose(context, (0, 2, 1, 3)).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:137
+    return Linear_forward(params["out"], jnp.transpose(context, (0, 2, 1, 3)).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:149
 
 
 def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
@@ -85,15 +85,15 @@ def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:142)
+    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:154)
     B = x.shape[0]
     S = x.shape[1]
-    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # nest/bert-base-uncased/src/lib.linnet:145
+    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # nest/bert-base-uncased/src/lib.linnet:157
 
 
 def Attention_context(params, x, mask, rng=None):
-    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:124)
-    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:125
+    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:136)
+    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:137
 
 
 def Attention_forward(params, x, mask, rng=None):
@@ -102,82 +102,82 @@ def Attention_forward(params, x, mask, rng=None):
 
 
 def EncoderLayer_forward(params, x, mask, rng=None):
-    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:160)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:162
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:163
+    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:172)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:174
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:175
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:209)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:215
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:216
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:217
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:218
-    return x  # nest/bert-base-uncased/src/lib.linnet:220
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:233
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:234
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:235
+    return x  # nest/bert-base-uncased/src/lib.linnet:237
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:342)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:348
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:384)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:233
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:234
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:234
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:235
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:234
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:234
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:238
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:250
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:251
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:252
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:255
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:353)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:359
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:395)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:401
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:181)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:182
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:198)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:199
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:363)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:369
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:370
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:405)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:411
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:412
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:417)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:382
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:383
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:384
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:385
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:386
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:423
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:424
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:425
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:426
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:427
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:428
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:284)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:285
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:286
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:287
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:288
-    return x  # nest/bert-base-uncased/src/lib.linnet:290
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:329
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:330
+    return x  # nest/bert-base-uncased/src/lib.linnet:332
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:250
+    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
+    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:292
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:391)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:398
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:433)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:440
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
@@ -187,14 +187,14 @@ def Embeddings_forward_embedded(params, words, token_types, positions, rng=None)
 
 
 def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:254)
-    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:260
-    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:261
+    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
+    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:302
+    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:303
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:403)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:409
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:445)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:451
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
@@ -203,25 +203,67 @@ def Attention_forward_head_masked(params, x, mask, heads, rng=None):
 
 
 def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
-    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:167)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:172
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:173
+    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:179)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:184
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:185
 
 
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:265)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:272
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:273
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:275
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:276
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:277
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:278
-    return x  # nest/bert-base-uncased/src/lib.linnet:280
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:315
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:318
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:319
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:320
+    return x  # nest/bert-base-uncased/src/lib.linnet:322
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:414)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:421
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:456)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:463
+
+
+def Encoder_no_probabilities(params, mask):
+    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+    S = mask.shape[3]
+    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
+    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+
+
+def attention_probabilities(q, k, scale, mask):
+    # std.nn.attention::attention_probabilities<Lead=[B, 12], M=[B, 1, 1, S], Q=S, K=S, Dh=32, T=f32>  (std/nn/attention.linnet:51)
+    scores = q @ jnp.swapaxes(k, -2, -1) * scale  # std/nn/attention.linnet:58
+    return jax.nn.softmax(scores + mask, axis=-1)  # std/nn/attention.linnet:60
+
+
+def Attention_probabilities(params, x, mask):
+    # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:125)
+    return attention_probabilities(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:126
+
+
+def EncoderLayer_attention_probabilities(params, x, mask):
+    # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:189)
+    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:190
+
+
+def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
+    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:267
+    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:269
+    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:270
+        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:272
+        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
+    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
+    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:274
+
+
+def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:470)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:476
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and
@@ -234,4 +276,5 @@ ENTRIES = {
     "forward_positioned": Model_forward_positioned,
     "forward_embeds": Model_forward_embeds,
     "forward_head_masked": Model_forward_head_masked,
+    "attentions": Model_attentions,
 }

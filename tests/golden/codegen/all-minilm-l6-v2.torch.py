@@ -28,10 +28,16 @@ def attention_with_dropout(q, k, v, scale, mask, rate, training):
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:142)
+    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:154)
     B = x.shape[0]
     S = x.shape[1]
-    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # nest/bert-base-uncased/src/lib.linnet:145
+    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # nest/bert-base-uncased/src/lib.linnet:157
+
+
+def attention_probabilities(q, k, scale, mask):
+    # std.nn.attention::attention_probabilities<Lead=[B, 12], M=[B, 1, 1, S], Q=S, K=S, Dh=32, T=f32>  (std/nn/attention.linnet:51)
+    scores = q @ k.transpose(-2, -1) * scale  # std/nn/attention.linnet:58
+    return torch.softmax(scores + mask, dim=-1)  # std/nn/attention.linnet:60
 
 
 class LayerNorm(nn.Module):
@@ -92,14 +98,14 @@ class Attention(nn.Module):
         self.out = Linear_384_384()
 
     def merge_heads(self, context):
-        # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:136)
+        # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:148)
         B = context.shape[0]
         S = context.shape[2]
-        return self.out(context.permute(0, 2, 1, 3).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:137
+        return self.out(context.permute(0, 2, 1, 3).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:149
 
     def context(self, x, mask):
-        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:124)
-        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:125
+        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:136)
+        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:137
 
     def forward(self, x, mask):
         # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:107)
@@ -108,6 +114,10 @@ class Attention(nn.Module):
     def forward_head_masked(self, x, mask, heads):
         # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:114)
         return self.merge_heads(self.context(x, mask) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:119
+
+    def probabilities(self, x, mask):
+        # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:125)
+        return attention_probabilities(split_heads(self.query(x)), split_heads(self.key(x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:126
 
 
 class Linear_384_1536(nn.Module):
@@ -137,7 +147,7 @@ class Linear_1536_384(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:148)"""
+    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:160)"""
 
     def __init__(self):
         super().__init__()
@@ -148,18 +158,22 @@ class EncoderLayer(nn.Module):
         self.output_norm = LayerNorm()
 
     def forward(self, x, mask):
-        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:160)
-        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:162
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:163
+        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:172)
+        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:174
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:175
 
     def forward_head_masked(self, x, mask, heads):
-        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:167)
-        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:172
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:173
+        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:179)
+        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:184
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:185
+
+    def attention_probabilities(self, x, mask):
+        # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:189)
+        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:190
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:188)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:205)"""
 
     def __init__(self):
         super().__init__()
@@ -167,77 +181,96 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:301)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:302
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:303
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
 
     def positions(self, attention_mask):
-        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:295)
-        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:296
+        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
+        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:338
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:209)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:215
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:216
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:217
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:218
-        return x  # nest/bert-base-uncased/src/lib.linnet:220
-
-    def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
         mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
         x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:233
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:234
         for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:234
             x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:235
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:234
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:234
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:238
+        return x  # nest/bert-base-uncased/src/lib.linnet:237
+
+    def hidden_states(self, tokens, token_types, attention_mask):
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:250
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:251
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:252
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:255
 
     def layers_forward(self, embedded, attention_mask):
-        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:284)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:285
-        x = embedded  # nest/bert-base-uncased/src/lib.linnet:286
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:287
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:288
-        return x  # nest/bert-base-uncased/src/lib.linnet:290
+        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
+        x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:329
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:330
+        return x  # nest/bert-base-uncased/src/lib.linnet:332
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:250
+        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
+        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:292
 
     def forward_embedded(self, inputs_embeds, token_types, attention_mask):
-        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:254)
-        x = self.embeddings.forward_embedded(inputs_embeds, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:260
-        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:261
+        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
+        x = self.embeddings.forward_embedded(inputs_embeds, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:302
+        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:265)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:272
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:273
-        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:275
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:276
-            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:277
-            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:278
-        return x  # nest/bert-base-uncased/src/lib.linnet:280
+        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:315
+        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:318
+            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:319
+            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:320
+        return x  # nest/bert-base-uncased/src/lib.linnet:322
+
+    def no_probabilities(self, mask):
+        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+        S = mask.shape[3]
+        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
+        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+
+    def attentions(self, tokens, token_types, attention_mask):
+        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:267
+        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:269
+        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:270
+            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:272
+            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
+        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
+        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:274
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:178)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:195)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:181)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:182
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:198)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:199
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:315)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0>  (nest/bert-base-uncased/src/lib.linnet:357)"""
 
     def __init__(self):
         super().__init__()
@@ -245,37 +278,41 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:342)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:348
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:384)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:390
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:353)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:359
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:395)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:401
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:363)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:369
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:370
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:405)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:411
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:412
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:417)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:382
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:383
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:384
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:385
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:386
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:423
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:424
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:425
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:426
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:427
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:428
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:391)
-        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:398
+        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:433)
+        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:440
 
     def forward_embeds(self, inputs_embeds, token_types, attention_mask):
-        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:403)
-        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:409
+        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:445)
+        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:451
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:414)
-        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:421
+        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:456)
+        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:463
+
+    def attentions(self, tokens, token_types, attention_mask):
+        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:470)
+        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:476
