@@ -178,6 +178,37 @@ def test_head_mask(case, head_masked_references):
     assert _diff(ones, unmasked, mask) <= BOUND and _diff(ours, unmasked, mask) > 1e-3
 
 
+@pytest.fixture(scope="module")
+def eager_references(repos):
+    """root -> the head in transformers' eager attention, the one that returns probabilities."""
+    import transformers
+
+    return {root: getattr(transformers, arch).from_pretrained(repos[root].snapshot, attn_implementation="eager").eval()
+            for root, (arch, _, _) in ROOTS.items()}
+
+
+def test_attentions(case, eager_references):
+    """`attentions` on a head is transformers' `output_attentions` of that head, stacked on
+    dim 1 ([B, C, ...] for multiple choice, whose transformers batch is B * C); rows of padded
+    queries are left out (transformers numbers padding positions differently)."""
+    root, model, _, _ = case
+    tokens, types, mask = _batch(root, seed=15)
+    with torch.no_grad():
+        out = eager_references[root](input_ids=torch.from_numpy(tokens), token_type_ids=torch.from_numpy(types),
+                                     attention_mask=torch.from_numpy(mask), output_attentions=True)
+    expected = torch.stack(out.attentions, dim=1).numpy()
+    ours = _np(model.attentions(input_ids=tokens, token_type_ids=types, attention_mask=mask))
+    width = tokens.shape[-1]
+    assert ours.shape == (*tokens.shape[:-1], LAYERS, HEADS, width, width)
+    ours, flat_mask = ours.reshape(-1, LAYERS, HEADS, width, width), mask.reshape(-1, width).astype(bool)
+    assert ours.shape == expected.shape
+    real_queries = np.broadcast_to(flat_mask[:, None, None, :, None], ours.shape)
+    diff = max_diff(ours[real_queries], expected[real_queries])
+    print(f"{root}.attentions {model.backend}: {diff:.2e}")
+    assert diff <= BOUND
+    assert np.all(ours[np.broadcast_to(~flat_mask[:, None, None, None, :], ours.shape)] == 0)  # padded keys
+
+
 # ------------------------------------------------------------------ serving and packing
 
 
@@ -261,9 +292,10 @@ def test_the_multiple_choice_entries_share_one_encoder_and_its_fused_qkv(repos):
     assert any(line.startswith("Attention.context: fused query, key, value") for line in applied), applied
 
 
-def test_a_linear_called_from_two_specialisations_is_not_fused(tmp_path):
-    """Lowering specialises `both` for B and for B * C; the fusion rewrites one function, so it
-    must leave Linears that two specialisations call alone, and the program still runs."""
+def test_a_linear_called_from_two_specialisations_is_fused_in_both(tmp_path):
+    """Lowering specialises `both` for B and for B * C; the fusion must rewrite every
+    specialisation's calls (a copy left calling the removed Linears would not run), and the
+    fused program gives what the unfused one gives."""
     import torch
 
     from linnet.backends.pysource import py_name
@@ -279,16 +311,26 @@ def test_a_linear_called_from_two_specialisations_is_not_fused(tmp_path):
     program = lower(instantiate(compile_target(locate(path)).checked, "Model", {"D": 4}))
     assert len([f for f in program.functions.values() if f.name == "both"]) == 2  # grid and grid_again share one
     out = optimize(program, passes=("fuse_linears",))
-    assert not out.applied and {s.name for s in out.program.blocks["Model"].subs} == {"query", "key"}
-    module = types.ModuleType("linnet_test_two_specialisations")
-    exec(compile(emit(out.program), "<generated>", "exec"), module.__dict__)
-    with torch.device("meta"):
-        model = getattr(module, py_name(out.program.root))()
+    assert {s.name for s in out.program.blocks["Model"].subs} == {"query_key"}
+    assert len([line for line in out.applied if line.startswith("Model.both: ")]) == 2, out.applied
+
+    def built(prog, name):
+        module = types.ModuleType(name)
+        exec(compile(emit(prog), "<generated>", "exec"), module.__dict__)
+        with torch.device("meta"):
+            return getattr(module, py_name(prog.root))()
+
+    plain, fused = built(program, "linnet_test_two_plain"), built(out.program, "linnet_test_two_fused")
     rng = np.random.default_rng(0)
     state = {k: torch.from_numpy(rng.standard_normal(tuple(v.shape)).astype(np.float32))
-             for k, v in model.state_dict().items()}
-    model.load_state_dict(state, strict=True, assign=True)
+             for k, v in plain.state_dict().items()}
+    plain.load_state_dict(state, strict=True, assign=True)
+    fused.load_state_dict({f"query_key.{p}": torch.cat([state[f"query.{p}"], state[f"key.{p}"]])
+                           for p in ("weight", "bias")}, strict=True, assign=True)
     x = torch.from_numpy(rng.standard_normal((2, 3, 4)).astype(np.float32))
     with torch.no_grad():
-        expected = model.rows(x.reshape(6, 4)).reshape(2, 3, 4)
-        assert torch.equal(model.grid(x), expected) and torch.equal(model.grid_again(x), expected + 1.0)
+        expected = plain.rows(x.reshape(6, 4)).reshape(2, 3, 4)
+        assert torch.allclose(plain.grid(x), expected, atol=1e-6)
+        for model in (plain, fused):
+            assert torch.allclose(model.grid(x), expected, atol=1e-6)
+            assert torch.allclose(model.grid_again(x), expected + 1.0, atol=1e-6)
