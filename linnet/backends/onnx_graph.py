@@ -738,14 +738,28 @@ def _linear_as_gemm(em: GraphEmitter, frame: _Frame, x: str, weight: str, bias: 
     rows = em.node("Reshape", [x, em.shape((const(-1), inputs))], out, scope=scope,
                    doc=doc + ", rows flattened")
     y = em.node("Gemm", [rows, weight, bias], out, scope=scope, doc=doc)
-    return em.node("Reshape", [y, _leading_shape(em, x, outputs, scope, doc)], out, scope=scope,
-                   doc=doc + ", rows restored")
+    dims = tuple(frame.resolve(d) for d in fn.result.dims)
+    shape = em.shape(dims) if all(_known(em, d) for d in dims) else _leading_shape(em, x, outputs, scope, doc)
+    return em.node("Reshape", [y, shape], out, scope=scope, doc=doc + ", rows restored")
+
+
+def _known(em: GraphEmitter, expr: DimExpr) -> bool:
+    """Whether `em.dim(expr)` can compute the dim from the entry's input shapes."""
+    for monomial, _ in expr.terms:
+        for atom, _ in monomial:
+            if isinstance(atom, Sym) and atom.name not in em._dim_sources:
+                return False
+            if isinstance(atom, (FloorDiv, Mod)) and not (_known(em, atom.num) and _known(em, atom.den)):
+                return False
+            if not isinstance(atom, (Sym, FloorDiv, Mod)):
+                return False
+    return True
 
 
 def _leading_shape(em: GraphEmitter, x: str, outputs, scope: str, doc: str) -> str:
-    """x's shape with its last axis replaced by `outputs`, read from x at run time (a Linear's
-    leading dims are a shape pack of the caller's, which need not be dims of the entry).
-    One per x: query, key and value share it."""
+    """x's shape with its last axis replaced by `outputs`.  From the result's declared dims when
+    the entry's inputs give them all (`[B, S, 768]`: the same shape node the attention's
+    reshapes use); else read from x at run time, one per x (query, key and value share it)."""
     from onnx import TensorProto
 
     key = f"leading:{x}:{outputs}"
