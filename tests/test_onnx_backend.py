@@ -194,6 +194,22 @@ def test_padded_gemm_graph_matches_transformers(minilm_padded_onnx, transformers
     assert pooled_diff <= 1e-6
 
 
+def test_gemm_linear_reads_leading_dims_from_its_input_when_the_entry_lacks_them(
+        minilm_checkpoint, transformers_minilm, tmp_path, monkeypatch):
+    # The fallback for a Linear whose leading dims are not the entry's: Shape(x)[:-1] + [Out].
+    from linnet.backends import onnx_graph
+
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a fresh export, not the cached one
+    monkeypatch.setattr(onnx_graph, "_known", lambda em, expr: False)
+    model = nest.load("all-minilm-l6-v2", backend="onnx", packing=False, kernels="default")
+    graph = onnx.load(str(model.info.generated.parent / "model.forward.onnx"), load_external_data=False).graph
+    leading = [n for n in graph.node if n.op_type == "Shape" and n.name.endswith(".forward/Shape")]
+    assert leading and all(n.name.startswith("encoder.layers.") for n in leading)
+    tokens, token_types = random_inputs(2, 9, seed=5)
+    hidden_diff = np.abs(model(tokens, token_types) - reference(transformers_minilm, tokens, token_types)[0]).max()
+    assert hidden_diff <= 1e-5
+
+
 def test_saved_file_passes_the_full_checker(minilm_onnx):
     onnx.checker.check_model(str(minilm_onnx.info.generated), full_check=True)
 
