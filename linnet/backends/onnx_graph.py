@@ -710,8 +710,8 @@ def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dic
     bias as its C input, reshaped back to [..., Out].  ONNX Runtime fuses MatMul + Add into
     a Gemm only for 2-D inputs (as the packed graphs' [Tokens, D] rows are); over [B, S, D]
     it runs MatMul and then a separate pass for the bias.  Measured on CPU (bench/onnx_profile.py,
-    docs/performance.md): 1-2% less time for padded bert-base and ViT-base, outputs within
-    3e-6.  Otherwise MatMul + Add."""
+    docs/bench.md "Where Linnet ONNX's time goes"): about 1% less time for padded bert-base and
+    ViT-base, outputs within 3e-6.  Otherwise MatMul + Add."""
     fn = frame.fn
     params = dict(em.program.blocks[fn.block].params)
     if "weight" not in params or "bias" not in params:  # not the std Linear this form is for
@@ -719,8 +719,7 @@ def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dic
     out = elem_type(fn.result.dtype)
     weight = em.param(frame.prefix + "weight", params["weight"], transposed=True)
     bias = em.param(frame.prefix + "bias", params["bias"])
-    rank = fn.result.rank
-    if fn.result.dtype in _GEMM_DTYPES and rank >= 2:
+    if fn.result.dtype in _GEMM_DTYPES and fn.result.rank >= 2:
         return _linear_as_gemm(em, frame, args[0], weight, bias, params["weight"].dims)
     scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused Linear: MatMul + Add)"
     y = em.node("MatMul", [args[0], weight], out, scope=scope, doc=doc)
@@ -757,9 +756,10 @@ def _known(em: GraphEmitter, expr: DimExpr) -> bool:
 
 
 def _leading_shape(em: GraphEmitter, x: str, outputs, scope: str, doc: str) -> str:
-    """x's shape with its last axis replaced by `outputs`.  From the result's declared dims when
-    the entry's inputs give them all (`[B, S, 768]`: the same shape node the attention's
-    reshapes use); else read from x at run time, one per x (query, key and value share it)."""
+    """x's shape with its last axis replaced by `outputs`, read from x at run time: for a
+    Linear whose leading dims are not all dims of the entry's inputs (else the result's
+    declared dims give the shape, the node the attention's reshapes share).  One per x:
+    query, key and value share it."""
     from onnx import TensorProto
 
     key = f"leading:{x}:{outputs}"
