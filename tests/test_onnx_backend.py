@@ -144,7 +144,7 @@ def test_nodes_point_back_to_the_source(minilm_graph):
     assert all(n.name and n.doc_string for n in nodes)
     # Packed (linnet.middle.packing): one encoder for forward, hidden_states and embed, one for
     # pool, whose kept tokens include position 0.
-    query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward_packed/MatMul")]
+    query = [n for n in nodes if n.name.startswith("encoder.layers.2.attention.query.forward_packed/Gemm")]
     assert len(query) == 2 and all(" at std/nn/linear.linnet:" in n.doc_string for n in query)
     assert any(" at nest/bert-base-uncased/src/lib.linnet:" in n.doc_string for n in nodes)
 
@@ -155,8 +155,59 @@ def test_fused_forms_and_shared_encoder(minilm_graph):
     # embed, which share their packing, and once for pool, which keeps position 0 too.
     assert ops.count("LayerNormalization") == 2 * 13
     assert ops.count("Softmax") == 2 * 6 and ops.count("Erf") == 2 * 6
-    assert ops.count("MatMul") == 2 * (6 * 6 + 6 * 2) + 1  # q, k, v, out, up, down; two in attention; pooler
-    assert "Gemm" not in ops
+    # Every Linear is one Gemm with its bias (q, k, v, out, up, down; the pooler); the two
+    # products in attention stay MatMul.
+    assert ops.count("Gemm") == 2 * 6 * 6 + 1
+    assert ops.count("MatMul") == 2 * 6 * 2
+
+
+@pytest.fixture(scope="module")
+def minilm_padded_onnx(minilm_checkpoint):
+    return nest.load("all-minilm-l6-v2", backend="onnx", packing=False, kernels="default")
+
+
+def test_padded_linears_are_gemms_over_flattened_rows(minilm_padded_onnx):
+    # Without packing a Linear sees [B, S, D]; it is flattened to [B * S, D] around one Gemm
+    # that adds the bias itself, then reshaped back (ORT fuses MatMul + Add only in 2-D).
+    folder = minilm_padded_onnx.info.generated.parent
+    graph = onnx.load(str(folder / "model.forward.onnx"), load_external_data=False).graph
+    gemms = [n for n in graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 6 * 6 and all(len(n.input) == 3 for n in gemms)  # the bias is Gemm's C
+    produced_by = {o: n for n in graph.node for o in n.output}
+    reads = {i: n for n in graph.node for i in n.input}
+    for gemm in gemms:
+        assert produced_by[gemm.input[0]].op_type == "Reshape", gemm.name
+        assert reads[gemm.output[0]].op_type == "Reshape", gemm.name
+    assert not any(n.op_type == "Add" and n.input[0] in {g.output[0] for g in gemms} for n in graph.node)
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (2, 33), (3, 128)])
+def test_padded_gemm_graph_matches_transformers(minilm_padded_onnx, transformers_minilm, batch, seq):
+    tokens, token_types = random_inputs(batch, seq, seed=11)
+    hidden = minilm_padded_onnx(tokens, token_types)
+    pooled = minilm_padded_onnx.pool(tokens, token_types)
+    ref_hidden, ref_pooled = reference(transformers_minilm, tokens, token_types)
+    hidden_diff, pooled_diff = np.abs(hidden - ref_hidden).max(), np.abs(pooled - ref_pooled).max()
+    print(f"onnx minilm padded B={batch} S={seq}: hidden {hidden_diff:.3g} pooled {pooled_diff:.3g}")
+    assert hidden.shape == (batch, seq, 384)
+    assert hidden_diff <= 1e-5
+    assert pooled_diff <= 1e-6
+
+
+def test_gemm_linear_reads_leading_dims_from_its_input_when_the_entry_lacks_them(
+        minilm_checkpoint, transformers_minilm, tmp_path, monkeypatch):
+    # The fallback for a Linear whose leading dims are not the entry's: Shape(x)[:-1] + [Out].
+    from linnet.backends import onnx_graph
+
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a fresh export, not the cached one
+    monkeypatch.setattr(onnx_graph, "_known", lambda em, expr: False)
+    model = nest.load("all-minilm-l6-v2", backend="onnx", packing=False, kernels="default")
+    graph = onnx.load(str(model.info.generated.parent / "model.forward.onnx"), load_external_data=False).graph
+    leading = [n for n in graph.node if n.op_type == "Shape" and n.name.endswith(".forward/Shape")]
+    assert leading and all(n.name.startswith("encoder.layers.") for n in leading)
+    tokens, token_types = random_inputs(2, 9, seed=5)
+    hidden_diff = np.abs(model(tokens, token_types) - reference(transformers_minilm, tokens, token_types)[0]).max()
+    assert hidden_diff <= 1e-5
 
 
 def test_saved_file_passes_the_full_checker(minilm_onnx):
