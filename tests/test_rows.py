@@ -148,6 +148,9 @@ def test_bert_pool_and_logits_are_rewritten_not_forward_or_hidden_states(bert_cl
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bert_entries_equal_the_program_without_the_pass(bert_classifier, backend, monkeypatch):
     on, off = _pair(monkeypatch, bert_classifier.name, backend)
+    assert "_rows" in on.program.entries["logits"].function
+    if backend != "torch":  # packed by default there: packing packs what the pass left, position 0 kept
+        assert on.program.entries["logits"].packed_by == ("attention_mask", (0,))
     tokens, kinds, mask = _bert_batch()
     for entry in ("logits", "pool", "forward"):
         a = _np(on.run(entry, tokens, kinds, attention_mask=mask))

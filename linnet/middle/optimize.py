@@ -24,6 +24,11 @@ Passes, in order:
   that is not a power of two is folded only with `exact=False`.  In f16 the fold is off by
   default: f16's subnormal range starts at 6e-5, where real weights live.
 
+* `dead_rows` (`linnet.middle.rows`) — an entry that reads fixed rows (`hidden[:, 0, :]`)
+  computes the ops before the index that act per position on those rows only, back to
+  attention's query; keys and values keep every row.  No params change.
+* `pack_tokens` (`linnet.middle.packing`) — per-token work on the real tokens only.
+
 `optimize(program)` returns an `Optimized` with the new program, the `plan` (one
 `ParamTransform` per new or changed param) and `applied`, a line per rewrite for logs and
 tests.  The input program is not modified.
