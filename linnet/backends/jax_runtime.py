@@ -37,7 +37,7 @@ OPTIONS = ("kernels",)
 #: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend, `pack_tokens`
 #: among them: measured faster on padded batches and no slower without padding (docs/backends.md,
 #: "Padding-free execution").
-OPTIMIZE = ("fuse_linears", "fold_attention_scale", "pack_tokens")
+OPTIMIZE = ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")
 #: `packing=True` runs packed, the token count bucketed (see the module doc).
 PACKING = True
 

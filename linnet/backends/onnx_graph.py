@@ -356,7 +356,7 @@ class GraphEmitter:
                 member = self._sub(frame, stmt.member)
                 # A collecting loop keeps the var's value as the loop starts and after each pass.
                 collected = [frame.env[stmt.collect.var]] if stmt.collect is not None else []
-                for i in range(member.count or 0):
+                for i in stmt.passes(member.count or 0):
                     frame.loops[stmt.var] = f"{frame.prefix}{stmt.member}.{i}."
                     if stmt.index is not None:  # the body's dims see the pass number as a constant
                         frame.indices[stmt.index] = i

@@ -28,7 +28,7 @@ BUILD_NEEDS_WEIGHTS = True
 #: faster than three [768, 768] ones (bit-identical, within run-to-run noise on bert-base,
 #: 2-core CPU), so the graph keeps one node per checkpoint matrix
 #: (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
-OPTIMIZE = ("fold_attention_scale", "pack_tokens")
+OPTIMIZE = ("fold_attention_scale", "dead_rows", "pack_tokens")
 #: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
 PACKING = True
 

@@ -395,8 +395,11 @@ class PyWriter:
                     out.append(f"{pad}{into} = [{var}]{where}")
                 # Unrolled when traced or run: one pass of the body per element of the sub array.
                 source, target = self._loop_source(stmt.member), py_name(stmt.var)
+                if (stmt.start, stmt.stop) != (0, None):  # part of the array (a peeled pass)
+                    source += f"[{stmt.start}:{'' if stmt.stop is None else stmt.stop}]"
                 if stmt.index is not None:  # the pass number, a Python int in the dims' expressions
-                    source, target = f"enumerate({source})", f"{py_dim(sym(stmt.index))}, {target}"
+                    first = f", {stmt.start}" if stmt.start else ""
+                    source, target = f"enumerate({source}{first})", f"{py_dim(sym(stmt.index))}, {target}"
                 out.append(f"{pad}for {target} in {source}:{where}")
                 out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}), depth + 1)
                 if collect is not None:

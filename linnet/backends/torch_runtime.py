@@ -22,7 +22,7 @@ MODES = ("eager", "compile", "cudagraphs")
 #: by default: on the 2-core CPU a packed MiniLM batch measured no faster in eager torch (the
 #: gathers and scatters around each attention cost what the smaller GEMMs save); `packing=True`
 #: runs it.
-OPTIMIZE = ("fuse_linears", "fold_attention_scale")
+OPTIMIZE = ("fuse_linears", "fold_attention_scale", "dead_rows")
 #: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
 PACKING = True
 #: Keyword arguments of `nest.load` this backend takes.

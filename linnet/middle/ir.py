@@ -151,7 +151,9 @@ class Collect:
 class Loop:
     """`static for var in member { body }` over a sub-block array of the function's block.
     `index`, when the loop enumerates, names the dim symbol that is the pass number (0, 1, ...)
-    in the body's index expressions."""
+    in the body's index expressions.  `start`/`stop` make it run over the elements [start, stop)
+    of the array only (stop None: to the end); `linnet.middle.rows` peels a last pass off that
+    way, so that pass can run a body of its own."""
 
     var: str
     member: str
@@ -159,6 +161,12 @@ class Loop:
     line: int
     collect: Collect | None = None
     index: str | None = None
+    start: int = 0
+    stop: int | None = None
+
+    def passes(self, count: int) -> range:
+        """The elements of a `count`-long sub array the loop runs over."""
+        return range(self.start, count if self.stop is None else self.stop)
 
 
 Stmt = Union[Let, Assign, Return, Loop]
@@ -330,6 +338,7 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
     def check_stmts(stmts) -> None:
         for stmt in stmts:
             if isinstance(stmt, Loop):
+                check_range(stmt)
                 if stmt.collect is not None:
                     check_collect(stmt)
                 check_stmts(stmt.body)
@@ -340,6 +349,14 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
             if isinstance(stmt, (Let, Assign)):
                 defined.add(stmt.name)
 
+    def check_range(loop: Loop) -> None:
+        subs = {s.name: s for s in program.blocks[fn.block].subs} if fn.block is not None else {}
+        count = subs[loop.member].count if loop.member in subs else None
+        stop = count if loop.stop is None else loop.stop
+        if count is not None and not 0 <= loop.start <= stop <= count:
+            raise InternalError(f"{fn.id}: a loop over [{loop.start}, {loop.stop}) of `{loop.member}`, "
+                                f"which has {count} elements")
+
     def check_collect(loop: Loop) -> None:
         collect = loop.collect
         if collect.var not in defined:
@@ -348,6 +365,8 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
         member = subs.get(loop.member)
         if member is None or member.count is None:
             raise InternalError(f"{fn.id}: a loop over `{loop.member}`, which is not a sub-block array")
+        if (loop.start, loop.stop) != (0, None):
+            raise InternalError(f"{fn.id}: a collecting loop over part of `{loop.member}` only")
         if not collect.type.dims or collect.type.dims[0].as_int() != member.count + 1:
             raise InternalError(f"{fn.id}: `{collect.into}` is {collect.type}, but the loop makes "
                                 f"{member.count} passes, so it collects {member.count + 1} values")

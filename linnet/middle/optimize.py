@@ -34,6 +34,11 @@ Passes, in order:
   `exact=False`.  In f16 the fold is off by
   default: f16's subnormal range starts at 6e-5, where real weights live.
 
+* `dead_rows` (`linnet.middle.rows`) — an entry that reads fixed rows (`hidden[:, 0, :]`)
+  computes the ops before the index that act per position on those rows only, back to
+  attention's query; keys and values keep every row.  No params change.
+* `pack_tokens` (`linnet.middle.packing`) — per-token work on the real tokens only.
+
 `optimize(program)` returns an `Optimized` with the new program, the `plan` (one
 `ParamTransform` per new or changed param) and `applied`, a line per rewrite for logs and
 tests.  The input program is not modified.
@@ -50,9 +55,12 @@ from ..arrays import framework_of
 from ..dims import const
 from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR
 from .packing import pack_tokens
+from .rows import dead_rows
 
-#: Passes `optimize` runs by default, in order.
-PASSES = ("fuse_linears", "fold_attention_scale", "pack_tokens")
+#: Passes `optimize` runs by default, in order.  `dead_rows` follows the two that rewrite
+#: blocks' methods in place (they see every caller of a sub, and its clones would be more),
+#: and precedes packing, which packs what is left of the rows it computes.
+PASSES = ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")
 
 
 @dataclass(frozen=True)
@@ -90,7 +98,7 @@ def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bo
     out = Optimized(copy.deepcopy(program))
     for name in passes:
         {"fuse_linears": _fuse_linears, "fold_attention_scale": _fold_attention_scale,
-         "pack_tokens": pack_tokens}[name](out, exact)
+         "dead_rows": dead_rows, "pack_tokens": pack_tokens}[name](out, exact)
     ir.verify(out.program)
     return out
 

@@ -60,6 +60,9 @@ _UNARY = {"neg", "erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_
 _ELEMENTWISE = _UNARY | {"add", "sub", "mul", "div", "maximum", "minimum", "less", "greater", "equal", "select",
                           "dropout"}  # dropout: elementwise, its rate a scalar
 _ALONG_AXIS = {"softmax", "cumsum", "sum", "mean", "max"}
+#: The same facts for other passes (`linnet.middle.rows`): ops that act on each element alone,
+#: and ops that act along one axis (`axis`), so on each position along every other axis.
+ELEMENTWISE, ALONG_AXIS = frozenset(_ELEMENTWISE), frozenset(_ALONG_AXIS)
 #: The `source` of the two index functions the pass writes (no Linnet file holds them).
 _ROWS, _SLOTS = "linnet.packing::kept_rows", "linnet.packing::kept_slots"
 _KEEPS_ZERO_FILL = {"neg", "cast", "mul", "reshape", "permute", "transpose", "index"}
@@ -103,9 +106,12 @@ class _Packer:
         self.rows_type = ir.TensorType((self.tokens,), "i64")
         self.slots_type = ir.TensorType((self.B, self.S), "i64")
         # Entries packed by the same mask share their specialisations (`pool` calls `forward`).
-        store = shared.setdefault((mask, tokens), ({}, {}))
+        store = shared.setdefault((mask, tokens), ({}, {}, {}))
         self.memo: dict[tuple, tuple[str, Form, bool]] = store[0]
         self.functions: dict[str, ir.Function] = store[1]
+        # The fixed positions each specialisation reads, its callees' included: an entry that
+        # reuses one (`logits` calling the `pool` that `pool` packed) keeps them too.
+        self.memo_positions: dict[tuple, set[int]] = store[2]
         self.ids: set[str] = shared.setdefault("ids", set())  # every clone's id, over all stores
         self.positions: set[int] = set()  # fixed positions an index reads, kept too
         self.packed_ops = 0
@@ -126,7 +132,10 @@ class _Packer:
         """(the function for these argument forms, its result's form, whether it takes the
         packing indices as two extra arguments)."""
         key = (fn_id, forms, entry)
-        if key not in self.memo:
+        if key in self.memo:
+            self.positions |= self.memo_positions.get(key, set())
+        else:
+            outer, self.positions = self.positions, set()
             fn = self.program.functions[fn_id]
             body = _Body(self, fn, forms, entry)
             stmts, result = body.run()
@@ -135,6 +144,8 @@ class _Packer:
             else:
                 new_id, needs = self._clone(fn, forms, stmts, body)
                 self.memo[key] = (new_id, result, needs)
+            self.memo_positions[key] = set(self.positions)
+            self.positions |= outer
         return self.memo[key]
 
     def _clone(self, fn: ir.Function, forms, stmts, body: "_Body") -> tuple[str, bool]:
@@ -213,6 +224,10 @@ class _Body:
 
     def _loop(self, loop: ir.Loop, env):
         assigned = {s.name for s in loop.body if isinstance(s, ir.Assign)}
+        if loop.stop is not None and loop.stop - loop.start == 1:
+            # One pass (a pass `linnet.middle.rows` peeled off): nothing is carried into a next
+            # pass, so a variable may leave it in another layout than it came in.
+            assigned = set()
         for _ in range(4):
             trial = dict(env)
             body = self._stmts(loop.body, trial, {n: env[n] for n in assigned if n in env})
@@ -233,7 +248,7 @@ class _Body:
             axes = None if var.axes is None else (var.axes[0] + 1, var.axes[1] + 1)
             env[collect.into] = replace(var, axes=axes)
             collect = ir.Collect(collect.into, collect.var, t)
-        return ir.Loop(loop.var, loop.member, tuple(body), loop.line, collect, loop.index)
+        return replace(loop, body=tuple(body), collect=collect)
 
     # ---------------------------------------------------------- conversions
     def to_padded(self, new, form: Form, padded: ir.TensorType, line: int):
@@ -422,9 +437,9 @@ class _Body:
         if all(items[i] == full for i in (b, s) if i < len(items)):
             axes = (position(b), position(s))
             return axes, axes[1] == axes[0] + 1
-        if (b >= len(items) or items[b] == full) and s < len(items) and items[s][0] == "index" \
-                and items[s][1].as_int() is not None and not _unpacked_exact(x):
-            self.p.positions.add(items[s][1].as_int())  # read a fixed position: keep it
+        fixed = _fixed_positions(items[s]) if s < len(items) else None
+        if (b >= len(items) or items[b] == full) and fixed and not _unpacked_exact(x):
+            self.p.positions.update(fixed)  # read fixed positions: keep them
             return None, False
         return self._mixing(e, forms, None)
 
@@ -504,6 +519,18 @@ class _Body:
         """The input axis of `e`'s operand that lands at `out_axis` of the result."""
         kept = [i for i, it in enumerate(e.attr("items")) if it[0] != "index"]
         return kept[out_axis] if out_axis < len(kept) else out_axis + len(e.attr("items")) - len(kept)
+
+
+def _fixed_positions(item) -> range | None:
+    """The positions an index item reads when they are constants: `k`, or `k:k + n`, where
+    `linnet.middle.rows` has restricted the rest of a layer to the rows that are read."""
+    start = item[1].as_int()
+    if start is None or start < 0:
+        return None
+    if item[0] == "index":
+        return range(start, start + 1)
+    stop = item[2].as_int() if item[2] is not None else None
+    return range(start, stop) if stop is not None and stop > start else None
 
 
 def _unpacked_exact(f: Form) -> bool:
