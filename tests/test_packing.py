@@ -13,11 +13,11 @@ packed across; a cumsum or an unmasked mean over the tokens is not.
 from __future__ import annotations
 
 import textwrap
-import types
 
 import numpy as np
 import pytest
 
+from fixtures.programs import torch_model
 from linnet import nest
 from linnet.cli.targets import locate
 from linnet.compiler import compile_target
@@ -302,21 +302,7 @@ def test_the_pass_packs_across_attention_and_refuses_other_token_mixing(small):
 
 
 def _torch(program: ir.Program, seed: int = 0):
-    import torch
-
-    from linnet.backends.pysource import py_name
-    from linnet.backends.torch_runtime import torch_param_name
-    from linnet.backends.torch_source import emit
-
-    module = types.ModuleType("linnet_test_packing_model")
-    exec(compile(emit(program), "<generated>", "exec"), module.__dict__)
-    rng = np.random.default_rng(seed)
-    state = {torch_param_name(p): torch.from_numpy(rng.standard_normal(tuple(d.as_int() for d in t.dims))
-                                                   .astype(np.float32)) for p, t in program.param_paths()}
-    with torch.device("meta"):
-        model = getattr(module, py_name(program.root))()
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return torch_model(program, seed, "linnet_test_packing_model")
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -14,13 +14,13 @@ where it must leave a program alone.
 from __future__ import annotations
 
 import textwrap
-import types
 
 import numpy as np
 import pytest
 
 from fixtures.hf_checkpoints import write_transformers_repo
 from fixtures.parity import max_diff
+from fixtures.programs import torch_model
 from fixtures.vit_checkpoints import write_small_vit_repo
 from linnet import nest
 from linnet.cli.targets import locate
@@ -242,21 +242,7 @@ def test_the_pass_stops_at_ops_that_mix_positions(small):
 
 
 def _torch(program: ir.Program, seed: int = 0):
-    import torch
-
-    from linnet.backends.pysource import py_name
-    from linnet.backends.torch_runtime import torch_param_name
-    from linnet.backends.torch_source import emit
-
-    module = types.ModuleType("linnet_test_rows_model")
-    exec(compile(emit(program), "<generated>", "exec"), module.__dict__)
-    rng = np.random.default_rng(seed)
-    state = {torch_param_name(p): torch.from_numpy(rng.standard_normal(tuple(d.as_int() for d in t.dims))
-                                                   .astype(np.float32)) for p, t in program.param_paths()}
-    with torch.device("meta"):
-        model = getattr(module, py_name(program.root))()
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return torch_model(program, seed, "linnet_test_rows_model")
 
 
 def test_the_small_program_computes_the_same_numbers(small):
