@@ -80,6 +80,24 @@ def test_gpt2_sessions_read_one_shared_copy_of_each_weight(tiny):
     assert _file_digest(weights_file) == before_file
 
 
+def test_the_shared_export_reads_the_tied_head_in_place(tiny):
+    # ORT folds `Transpose(wte)` into a transposed copy per session; the share_weights export
+    # multiplies by wte itself (Gemm transB=1), the default one keeps MatMul over the Transpose.
+    import onnx
+
+    entry, weights, _ = tiny
+
+    def head(model):
+        graph = onnx.load(str(model.runtime.folder / STEP_FILE), load_external_data=False).graph
+        return [n for n in graph.node if "wte" in n.input and n.op_type != "Gather"]
+
+    shared = nest.load(entry, backend="onnx", weights=weights, share_weights=True, kernels="default")
+    default = nest.load(entry, backend="onnx", weights=weights, kernels="default")
+    assert shared.runtime.folder != default.runtime.folder
+    assert [(n.op_type, [a.i for a in n.attribute if a.name == "transB"]) for n in head(shared)] == [("Gemm", [1])]
+    assert [n.op_type for n in head(default)] == ["Transpose"]
+
+
 def test_bert_entry_sessions_share_weights_and_match_transformers(minilm_checkpoint, transformers_minilm):
     model = nest.load("all-minilm-l6-v2", backend="onnx", kernels="default", share_weights=True)
     tokens, token_types = random_inputs(2, 17, seed=4)

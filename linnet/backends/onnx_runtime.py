@@ -37,7 +37,7 @@ PACKING = True
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _emit(ctx: LoadContext, bf16_compute: str):
+def _emit(ctx: LoadContext, bf16_compute: str, params_in_place: bool = False):
     """The entry's ONNX models in memory, weights included (`onnx.emit` over the context)."""
     from .onnx_graph import emit
 
@@ -46,7 +46,8 @@ def _emit(ctx: LoadContext, bf16_compute: str):
     source = ctx.name if manifest is None else f"{ctx.name} ({manifest.source.root}, entries {', '.join(ctx.program.entries)})"
     return emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
                 outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
-                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source)
+                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source,
+                params_in_place=params_in_place)
 
 
 def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
@@ -297,12 +298,13 @@ def entry_file(entry: str) -> str:
 WEIGHTS_FILE = "weights.bin"
 
 
-def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> None:
+def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, params_in_place: bool = False) -> None:
     """The runtime's export: one model per entry, cut to its output, all reading one weights
-    file.  Only initializers of 1 KB and more go to that file; small constants stay inline."""
+    file.  Only initializers of 1 KB and more go to that file; small constants stay inline.
+    params_in_place: the variant for `share_weights=True` (`GraphEmitter.params_in_place`)."""
     import onnx
 
-    files = _emit(ctx, bf16_compute)
+    files = _emit(ctx, bf16_compute, params_in_place)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[bytes, object] = {}  # content digest -> a tensor referring to where it was written
     for index, model_file in enumerate(files):
@@ -328,7 +330,7 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
             onnx.checker.check_model(str(path), full_check=True)
             return path
 
-        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share)
+        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share, params_in_place)
 
 
 def has_decoder_entries(program) -> bool:
@@ -418,6 +420,9 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
         raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
                                      f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the onnx backend, "
                                      f"found {kernels!r}"))
+    if share_weights not in (None, True, False):
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"share_weights must be True or False for the onnx backend, found {share_weights!r}"))
     chosen = resolve_providers(providers, device)  # before reading any weights
     dtype = _float_dtype(ctx)
     # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
@@ -426,14 +431,13 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
     # The exported file holds the weights, so it is cached per checkpoint (and bindings):
     # another `weights=` file must never reuse a graph built from the first one.
     options = {"dtype": dtype, "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
+    if share_weights:  # its own export: tied heads read the shared weight in place (onnx_weights)
+        options["params_in_place"] = True
 
     def write(folder: Path) -> None:
-        _write_entry_models(ctx, folder, bf16_compute)
+        _write_entry_models(ctx, folder, bf16_compute, params_in_place=bool(share_weights))
 
     folder = ctx.cached("onnx", "", write, options=options)
-    if share_weights not in (None, True, False):
-        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
-                                     f"share_weights must be True or False for the onnx backend, found {share_weights!r}"))
     runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto", share_weights=bool(share_weights))
     runtime.bf16_compute = bf16_compute
     return runtime

@@ -13,8 +13,9 @@ writes the cache) and wraps every external initializer's bytes in one `onnxrunti
 keyed by where the bytes are, so the same weight read by several graphs is one OrtValue.
 `SessionOptions.add_initializer` hands those to each session, which then reads them in place
 instead of loading its own. Pre-packing must be off for this to save anything (a pre-packed
-session keeps its packed copy *and* ours), which costs speed: see docs/backends.md (ONNX) for
-the measured trade. The OrtValues and the arrays under them live as long as this object,
+session keeps its packed copy *and* ours), which costs speed: see docs/backend-onnx.md
+("Memory") for the measured trade. Such a runtime loads its own export, in which a tied head
+reads its weight in place (`onnx_graph.GraphEmitter.params_in_place`). The OrtValues and the arrays under them live as long as this object,
 which the runtime keeps as long as its sessions.
 """
 from __future__ import annotations

@@ -548,7 +548,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     per-token output hold 0 (docs/backends.md, "Padding-free execution").
     share_weights (onnx): True gives all of the model's ONNX Runtime sessions one memory-mapped
     copy of each weight, with ORT's per-session weight pre-packing off: less memory, slower
-    MatMuls (measured in docs/backends.md, "ONNX"); default False.
+    MatMuls (measured in docs/backend-onnx.md, "Memory"); default False.
     """
     started = time.perf_counter()
     module = integration(backend)
