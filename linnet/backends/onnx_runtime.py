@@ -230,7 +230,7 @@ class OnnxRuntime:
         self.sessions: dict[str, object] = {}
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
         self.generated = folder / layout(ctx.program, root)[0].file
-        self.providers = self.session(_first_session(ctx.program, folder, root)).get_providers()
+        self.providers = self.session(_first_session(folder, root)).get_providers()
 
     def session(self, entry: str):
         """The entry's session (or a file's, named with its `.onnx`), opened once (threads
@@ -281,7 +281,7 @@ class OnnxRuntime:
         return session.run([self.outputs[entry]], feeds)[0]
 
 
-def _first_session(program, folder: Path, root: str) -> str:
+def _first_session(folder: Path, root: str) -> str:
     """The session opened at load: the decoder's prefill graph where the export has one (so a
     loaded GPT-2 that only generates holds no `forward` session), else the root entry's."""
     from .onnx_decoder import PREFILL_FILE, STEP_FILE
