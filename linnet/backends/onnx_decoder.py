@@ -38,23 +38,24 @@ def present_names(layers: int) -> list[str]:
     return [f"present.{i}.{part}" for i in range(layers) for part in ("key", "value")]
 
 
-def decoder_models(program: ir.Program, tensors: dict, name: str) -> dict[str, object]:
-    """{file name: onnx.ModelProto} for the prefill and the one-step graph."""
-    return {PREFILL_FILE: _emit(program, tensors, name, past=False),
-            STEP_FILE: _emit(program, tensors, name, past=True)}
+def decoder_models(program: ir.Program, tensors: dict, name: str, params_in_place: bool = False) -> dict[str, object]:
+    """{file name: onnx.ModelProto} for the prefill and the one-step graph (params_in_place:
+    `GraphEmitter.params_in_place`)."""
+    return {PREFILL_FILE: _emit(program, tensors, name, past=False, params_in_place=params_in_place),
+            STEP_FILE: _emit(program, tensors, name, past=True, params_in_place=params_in_place)}
 
 
 def _cache_type(program: ir.Program) -> ir.TensorType:
     return program.entries["decode"].inputs[1][1]  # [Layers + 1, 2, B, Heads, P, Dh]
 
 
-def _emit(program: ir.Program, tensors: dict, name: str, past: bool):
+def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_place: bool = False):
     from onnx import TensorProto, helper
 
     cache_t = _cache_type(program)
     layers = cache_t.dims[0].as_int() - 1
     float_type = elem_type(cache_t.dtype)
-    em = GraphEmitter(program, tensors)
+    em = GraphEmitter(program, tensors, params_in_place=params_in_place)
     entry = program.entries["decode" if past else "prefill"]
     scope, doc = ("decode", "one step with a per-layer cache") if past else ("prefill", "the prompt")
     ids_dims = ["B", 1] if past else ["B", "S"]
@@ -132,11 +133,12 @@ def _slot(em: GraphEmitter, cache: str, slot: int, part: int, float_type: int, o
 # ------------------------------------------------------------------------ running them
 
 
-def write_decoder_models(program: ir.Program, tensors: dict, name: str, out_dir, share) -> list:
+def write_decoder_models(program: ir.Program, tensors: dict, name: str, out_dir, share,
+                         params_in_place: bool = False) -> list:
     """Save both graphs into `out_dir`; `share(model, data_file)` saves one with its weights
     pointing at bytes already written where they are the same (the runtime's weights file)."""
     paths = []
-    for index, (file, model) in enumerate(decoder_models(program, tensors, name).items()):
+    for index, (file, model) in enumerate(decoder_models(program, tensors, name, params_in_place).items()):
         paths.append(share(model, out_dir / file, f"decoder.{index}.bin"))
     return paths
 

@@ -145,12 +145,16 @@ class _Frame:
 class GraphEmitter:
     """Builds the nodes and initializers of one graph."""
 
-    def __init__(self, program: ir.Program, tensors: dict, *, bf16_compute: str = "native"):
+    def __init__(self, program: ir.Program, tensors: dict, *, bf16_compute: str = "native",
+                 params_in_place: bool = False):
         if bf16_compute not in ("native", "f32"):
             raise ValueError(f"bf16_compute must be 'native' or 'f32', got {bf16_compute!r}")
         self.program = program
         self.tensors = tensors
         self.emulate_bf16 = bf16_compute == "f32"
+        #: `matmul(x, transpose(P))` of a param as Gemm transB=1 reading P as stored (the
+        #: export for sessions sharing one copy of the weights; `_matmul_by_transposed_param`).
+        self.params_in_place = params_in_place
         self.nodes: list = []
         self.initializers: list = []
         self.types: dict[str, int] = {}  # value name -> element type, for the f32 islands
@@ -439,6 +443,9 @@ class GraphEmitter:
 
     def _op(self, e: ir.Op, frame: _Frame) -> str:
         site = _Site(self, self.scope(frame), self.doc(frame, e.line), elem_type(e.type.dtype), frame)
+        if self.params_in_place and _transposed_param(e) is not None:
+            return _matmul_by_transposed_param(site, e, self.expr(e.args[0], frame),
+                                               self.expr(_transposed_param(e), frame))
         args = [self.expr(a, frame) for a in e.args]
         emission = EMISSIONS.get(e.op)
         if emission is None:  # tests/test_ops.py proves the table complete but for declared refusals
@@ -536,6 +543,37 @@ def _emit_activation(site: _Site, e: ir.Op, args: list[str]) -> str:
     if kind == "relu":
         return site.node("Relu", [x])
     return site.node("Mul", [x, site.node("Sigmoid", [x])])  # silu
+
+
+def _transposed_param(e: ir.Op):
+    """The 2-D param P of `matmul(x, transpose(P))` (a tied head: GPT-2's `lm_head` over
+    `wte`), f32/f64, else None."""
+    if e.op != "matmul" or e.type.dtype not in _GEMM_DTYPES or e.args[0].type.rank < 2:
+        return None
+    b = e.args[1]
+    if isinstance(b, ir.Op) and b.op == "transpose" and isinstance(b.args[0], ir.ParamRef) \
+            and b.args[0].type.rank == 2:
+        return b.args[0]
+    return None
+
+
+def _matmul_by_transposed_param(site: _Site, e: ir.Op, x: str, param: str) -> str:
+    """x @ P^T as one Gemm with transB=1 over x's rows, reading P as stored.  ORT folds a
+    Transpose of a param into a transposed copy in every session opening the graph (154 MB
+    per session for GPT-2's `wte`).  Only for `params_in_place` exports: a session that
+    pre-packs keeps its packed copy either way, and where P is also read elsewhere (GPT-2's
+    embedding Gather) the packing pages all of P in per session, which measured 273 MiB more
+    for GPT-2 than the folded copy, which is released after packing (docs/backend-onnx.md)."""
+    em, doc = site.em, site.doc + " (matmul by a transposed param: Gemm transB=1)"
+    outputs, inputs = e.args[1].args[0].type.dims  # P is [Out, In], as a Linear's weight is declared
+    if e.args[0].type.rank == 2:
+        return em.node("Gemm", [x, param], site.out, scope=site.scope, doc=doc, transB=1)
+    rows = em.node("Reshape", [x, em.shape((const(-1), inputs))], site.out, scope=site.scope,
+                   doc=doc + ", rows flattened")
+    y = em.node("Gemm", [rows, param], site.out, scope=site.scope, doc=doc, transB=1)
+    dims = tuple(site.frame.resolve(d) for d in e.type.dims)
+    shape = em.shape(dims) if all(_known(em, d) for d in dims) else _leading_shape(em, x, outputs, site.scope, doc)
+    return em.node("Reshape", [y, shape], site.out, scope=site.scope, doc=doc + ", rows restored")
 
 
 @EMISSIONS.register("select")
@@ -808,18 +846,19 @@ FUSED = {
 
 def emit(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, str],
          root_entry: str | None = None, generics: dict | None = None, bf16_compute: str = "native",
-         source: str = "") -> list[ModelFile]:
+         source: str = "", params_in_place: bool = False) -> list[ModelFile]:
     """The ONNX models of a lowered program, one per file of `layout`.
 
     tensors: param path -> numpy array (already in the export dtype).  outputs: entry ->
-    graph output name.  generics: recorded in the metadata.
+    graph output name.  generics: recorded in the metadata.  params_in_place: see
+    `GraphEmitter.params_in_place`.
     """
     from onnx import helper
 
     files = layout(program, root_entry)
     for model_file in files:
         first = program.entries[model_file.entries[0]]
-        em = GraphEmitter(program, tensors, bf16_compute=bf16_compute)
+        em = GraphEmitter(program, tensors, bf16_compute=bf16_compute, params_in_place=params_in_place)
         em.bind_dims(first)
         inputs = []
         for input_name, t in first.inputs:

@@ -20,7 +20,7 @@ from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
 
 #: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("providers", "kernels")
+OPTIONS = ("providers", "kernels", "share_weights")
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
 #: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `fuse_linears`:
@@ -37,7 +37,7 @@ PACKING = True
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _emit(ctx: LoadContext, bf16_compute: str):
+def _emit(ctx: LoadContext, bf16_compute: str, params_in_place: bool = False):
     """The entry's ONNX models in memory, weights included (`onnx.emit` over the context)."""
     from .onnx_graph import emit
 
@@ -46,7 +46,8 @@ def _emit(ctx: LoadContext, bf16_compute: str):
     source = ctx.name if manifest is None else f"{ctx.name} ({manifest.source.root}, entries {', '.join(ctx.program.entries)})"
     return emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
                 outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
-                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source)
+                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source,
+                params_in_place=params_in_place)
 
 
 def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
@@ -188,12 +189,18 @@ class OnnxRuntime:
     sharing a file with bert-base's masked-LM head would pay for its [S, 30522] matmul on
     every call.  The runtime therefore opens `model.<entry>.onnx`, the graph cut down to
     what the entry's output needs (`_write_entry_models`); those files share one weights
-    file.  The root entry's session opens at load, so a broken export fails there.
+    file.  The root entry's session opens at load, so a broken export fails there; for a
+    decoder it is the prefill graph's instead (what `generate` runs: opening `forward` too would
+    hold a third copy of the weights that generate never reads).
+
+    `share_weights=True` gives every session one memory-mapped copy of each weight
+    (`onnx_weights.SharedWeights`), with ORT's per-session pre-packing off.
     """
 
     backend = "onnx"
 
-    def __init__(self, ctx: LoadContext, folder: Path, providers: list, kernels: str = "auto"):
+    def __init__(self, ctx: LoadContext, folder: Path, providers: list, kernels: str = "auto",
+                 share_weights: bool = False):
         import threading
 
         from .onnx_graph import layout
@@ -210,13 +217,20 @@ class OnnxRuntime:
                 and ctx.program.entries[root].result.dtype != "bf16":
             self.session_choice = choose(folder / entry_file(root), providers, threads, cache_dir=cache_dir(),
                                          model_key=f"{folder.name}/{entry_file(root)}")
-        self.options = session_options({**default_settings(threads), **self.session_choice.settings})
+        self.settings = {**default_settings(threads), **self.session_choice.settings}
+        self.options = session_options(self.settings)
+        #: The one copy of the weights every session reads, when loaded with share_weights=True.
+        self.shared_weights = None
+        if share_weights:
+            from .onnx_weights import SharedWeights
+
+            self.shared_weights = SharedWeights(folder)
         self._providers = providers
         self._lock = threading.Lock()
         self.sessions: dict[str, object] = {}
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
         self.generated = folder / layout(ctx.program, root)[0].file
-        self.providers = self.session(root).get_providers()
+        self.providers = self.session(_first_session(folder, root)).get_providers()
 
     def session(self, entry: str):
         """The entry's session (or a file's, named with its `.onnx`), opened once (threads
@@ -229,10 +243,21 @@ class OnnxRuntime:
                 session = self.sessions.get(entry)
                 if session is None:
                     file = entry if entry.endswith(".onnx") else entry_file(entry)
-                    session = ort.InferenceSession(str(self.folder / file), sess_options=self.options,
+                    session = ort.InferenceSession(str(self.folder / file), sess_options=self._options_for(file),
                                                    providers=self._providers)
                     self.sessions[entry] = session
         return session
+
+    def _options_for(self, file: str):
+        """The session options for one graph file: the shared ones, unless the weights are
+        shared (add_initializer binds names, and each file has its own, so its own options)."""
+        if self.shared_weights is None:
+            return self.options
+        from .onnx_options import session_options
+
+        options = session_options(self.settings)
+        self.shared_weights.register(options, file)
+        return options
 
     def decoder_steps(self):
         """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
@@ -256,6 +281,14 @@ class OnnxRuntime:
         return session.run([self.outputs[entry]], feeds)[0]
 
 
+def _first_session(folder: Path, root: str) -> str:
+    """The session opened at load: the decoder's prefill graph where the export has one (so a
+    loaded GPT-2 that only generates holds no `forward` session), else the root entry's."""
+    from .onnx_decoder import PREFILL_FILE, STEP_FILE
+
+    return PREFILL_FILE if (folder / STEP_FILE).exists() else root
+
+
 def entry_file(entry: str) -> str:
     """The runtime's file for one entry (the entry name is a validated identifier)."""
     return f"model.{entry}.onnx"
@@ -265,12 +298,13 @@ def entry_file(entry: str) -> str:
 WEIGHTS_FILE = "weights.bin"
 
 
-def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> None:
+def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, params_in_place: bool = False) -> None:
     """The runtime's export: one model per entry, cut to its output, all reading one weights
-    file.  Only initializers of 1 KB and more go to that file; small constants stay inline."""
+    file.  Only initializers of 1 KB and more go to that file; small constants stay inline.
+    params_in_place: the variant for `share_weights=True` (`GraphEmitter.params_in_place`)."""
     import onnx
 
-    files = _emit(ctx, bf16_compute)
+    files = _emit(ctx, bf16_compute, params_in_place)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[bytes, object] = {}  # content digest -> a tensor referring to where it was written
     for index, model_file in enumerate(files):
@@ -296,7 +330,7 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str) -> N
             onnx.checker.check_model(str(path), full_check=True)
             return path
 
-        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share)
+        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share, params_in_place)
 
 
 def has_decoder_entries(program) -> bool:
@@ -378,13 +412,17 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
     return result.view(dtypes.by_name("bf16").numpy_type())
 
 
-def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None) -> OnnxRuntime:
+def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None,
+                 share_weights: bool | None = None) -> OnnxRuntime:
     from .onnx_options import KERNEL_CHOICES
 
     if (kernels or "auto") not in KERNEL_CHOICES:
         raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
                                      f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the onnx backend, "
                                      f"found {kernels!r}"))
+    if share_weights not in (None, True, False):
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"share_weights must be True or False for the onnx backend, found {share_weights!r}"))
     chosen = resolve_providers(providers, device)  # before reading any weights
     dtype = _float_dtype(ctx)
     # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
@@ -393,11 +431,13 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
     # The exported file holds the weights, so it is cached per checkpoint (and bindings):
     # another `weights=` file must never reuse a graph built from the first one.
     options = {"dtype": dtype, "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
+    if share_weights:  # its own export: tied heads read the shared weight in place (onnx_weights)
+        options["params_in_place"] = True
 
     def write(folder: Path) -> None:
-        _write_entry_models(ctx, folder, bf16_compute)
+        _write_entry_models(ctx, folder, bf16_compute, params_in_place=bool(share_weights))
 
     folder = ctx.cached("onnx", "", write, options=options)
-    runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto")
+    runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto", share_weights=bool(share_weights))
     runtime.bf16_compute = bf16_compute
     return runtime

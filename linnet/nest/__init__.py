@@ -515,7 +515,7 @@ def backend_passes(backend: str, module, optimize: bool = True, packing: bool | 
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
          revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
          providers: list | None = None, kernels: str | None = None, optimize: bool = True,
-         packing: bool | None = None) -> Model:
+         packing: bool | None = None, share_weights: bool | None = None) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
     "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
@@ -546,10 +546,14 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     yet); False keeps the padded program; True asks for it (every backend).
     Outputs at real tokens equal the padded program's within 1e-5; padded positions of a
     per-token output hold 0 (docs/backends.md, "Padding-free execution").
+    share_weights (onnx): True gives all of the model's ONNX Runtime sessions one memory-mapped
+    copy of each weight, with ORT's per-session weight pre-packing off: less memory, slower
+    MatMuls (measured in docs/backend-onnx.md, "Memory"); default False.
     """
     started = time.perf_counter()
     module = integration(backend)
-    options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels})
+    options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels,
+                                                     "share_weights": share_weights})
     manifest, revision = _manifest(name_or_path, revision, weights)
     # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
     # module; every pass when it does not say).
