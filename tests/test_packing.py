@@ -12,18 +12,12 @@ packed across; a cumsum or an unmasked mean over the tokens is not.
 """
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pytest
 
-from fixtures.programs import torch_model
+from fixtures.programs import lowered, torch_model
 from linnet import nest
-from linnet.cli.targets import locate
-from linnet.compiler import compile_target
 from linnet.middle import ir
-from linnet.middle.instantiate import instantiate
-from linnet.middle.lower import lower
 from linnet.middle.optimize import optimize
 
 LENGTHS = [1, 9, 40, 23, 1]  # a row of one token, and the row of 40 has no padding
@@ -281,10 +275,7 @@ pub block Model<V: Dim, D: Dim, T: Float = f32> {
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    path = tmp_path_factory.mktemp("packs") / "packs.linnet"
-    path.write_text(textwrap.dedent(SOURCE), encoding="utf-8")
-    compiled = compile_target(locate(path))
-    return lower(instantiate(compiled.checked, "Model", {"V": 50, "D": 8}))
+    return lowered(tmp_path_factory.mktemp("packs"), SOURCE, "Model", {"V": 50, "D": 8}, "packs")
 
 
 def test_the_pass_packs_across_attention_and_refuses_other_token_mixing(small):

@@ -13,21 +13,15 @@ where it must leave a program alone.
 """
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pytest
 
 from fixtures.hf_checkpoints import write_transformers_repo
 from fixtures.parity import max_diff
-from fixtures.programs import torch_model
+from fixtures.programs import lowered, torch_model
 from fixtures.vit_checkpoints import write_small_vit_repo
 from linnet import nest
-from linnet.cli.targets import locate
-from linnet.compiler import compile_target
 from linnet.middle import ir
-from linnet.middle.instantiate import instantiate
-from linnet.middle.lower import lower
 from linnet.middle.optimize import PASSES, optimize
 
 TOL = 1e-5
@@ -215,10 +209,7 @@ pub block Model<V: Dim, D: Dim, T: Float = f32> {
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rows") / "rows.linnet"
-    path.write_text(textwrap.dedent(SOURCE), encoding="utf-8")
-    compiled = compile_target(locate(path))
-    return lower(instantiate(compiled.checked, "Model", {"V": 50, "D": 8}))
+    return lowered(tmp_path_factory.mktemp("rows"), SOURCE, "Model", {"V": 50, "D": 8}, "rows")
 
 
 def test_the_pass_stops_at_ops_that_mix_positions(small):
