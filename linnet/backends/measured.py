@@ -49,6 +49,17 @@ def read_decisions(path: Path, machine: str) -> dict[str, dict]:
         return {}
 
 
+def read_choices(path: Path | None, machine: str, kind: type) -> dict:
+    """This machine's decisions in the cache file as `kind` records; empty when there is no
+    cache (`path` None), it is unreadable, or another version of the caller wrote it."""
+    if path is None:
+        return {}
+    try:
+        return {k: kind(**v) for k, v in read_decisions(path, machine).items()}
+    except TypeError:  # fields of another version of the record
+        return {}
+
+
 def record_decisions(path: Path, machine: str, decisions: dict[str, dict]) -> None:
     """Add `decisions` to this machine's in the cache file, atomically (other machines' kept)."""
     try:

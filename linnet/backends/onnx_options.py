@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_decisions, record_decisions, seconds
+from .measured import cpu_model, median, read_choices, record_decisions, seconds
 
 log = logging.getLogger("linnet.onnx")
 
@@ -234,12 +234,7 @@ def _cache_file(cache_dir: Path) -> Path:
 
 
 def _read_cache(cache_dir: Path | None) -> dict[str, SessionChoice]:
-    if cache_dir is None:
-        return {}
-    try:
-        return {k: SessionChoice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
-    except TypeError:  # written by another version of this module
-        return {}
+    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), SessionChoice)
 
 
 def _write_cache(cache_dir: Path, model_key: str, choice: SessionChoice) -> None:

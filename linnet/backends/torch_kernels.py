@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
-from .measured import cpu_model, median, read_decisions, record_decisions, seconds
+from .measured import cpu_model, median, read_choices, record_decisions, seconds
 
 log = logging.getLogger("linnet.torch")
 
@@ -252,12 +252,7 @@ def _cache_file(cache_dir: Path) -> Path:
 
 
 def _read_cache(cache_dir: Path | None) -> dict[str, Choice]:
-    if cache_dir is None:
-        return {}
-    try:
-        return {k: Choice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
-    except TypeError:  # written by another version of this module
-        return {}
+    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), Choice)
 
 
 def _write_cache(cache_dir: Path, choices: dict[str, Choice]) -> None:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_decisions, record_decisions, seconds
+from .measured import cpu_model, median, read_choices, record_decisions, seconds
 
 log = logging.getLogger("linnet.xla")
 
@@ -352,9 +352,4 @@ def _cache_file(cache_dir: Path) -> Path:
 
 
 def _read_cache(cache_dir: Path | None) -> dict[str, XlaChoice]:
-    if cache_dir is None:
-        return {}
-    try:
-        return {k: XlaChoice(**v) for k, v in read_decisions(_cache_file(cache_dir), machine_key()).items()}
-    except TypeError:  # written by another version of this module
-        return {}
+    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), XlaChoice)
