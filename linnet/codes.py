@@ -346,6 +346,9 @@ BAD_WEIGHTS_DTYPE: Final = _register("E1013", "bad-weights-dtype", "weights",
 CANNOT_SAVE: Final = _register("E1020", "cannot-save", "weights",
     "`nest.save` was given something it cannot save: not a loaded model or a trainable module, "
     "or `params=` without every param of the model")
+PLACEHOLDER_REVISION: Final = _register("E1016", "placeholder-revision", "weights",
+    "the entry pins the all-zero placeholder revision (written offline, never looked up), so there "
+    "is no commit to download: pass `revision=` or `weights=`")
 TF_CHECKPOINT_UNREADABLE: Final = _register("E1014", "tf-checkpoint-unreadable", "weights",
     "`linnet convert-tf`: a TensorFlow checkpoint (`.index` and `.data-*` files) that is missing, "
     "truncated, compressed, or holds a tensor kind it cannot convert")

@@ -375,7 +375,7 @@ def test_pinned_checkpoint_is_verified(minilm_checkpoint):
 
 
 def test_uncached_revision_says_what_is_missing_and_how_to_provide_it(bert_base_checkpoint):
-    revision = "0" * 40
+    revision = "1" * 40
     err = raises("E1001", checkpoint_files, load_manifest("bert-base-uncased"), revision=revision)
     text = err.render()
     assert (f"checkpoint google-bert/bert-base-uncased/model.safetensors at revision {revision} is "
@@ -383,6 +383,20 @@ def test_uncached_revision_says_what_is_missing_and_how_to_provide_it(bert_base_
     assert "downloads are disabled (HF_HUB_OFFLINE=1)" in text
     assert "pass weights= a local .safetensors file" in text
     assert "set HF_HUB_OFFLINE=0" in text
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_the_placeholder_revision_is_refused_before_any_request(hf_cache, monkeypatch, offline):
+    """bert-base-multilingual-uncased was written offline; its pin is all zeros, which no Hub
+    repo has: the error says so and how to load it anyway, with or without network."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    manifest = load_manifest("bert-base-multilingual-uncased")
+    assert manifest.weights.revision == "0" * 40
+    text = raises("E1016", checkpoint_files, manifest).render()
+    assert "google-bert/bert-base-multilingual-uncased/model.safetensors" in text
+    assert "a placeholder, not a commit" in text and 'pass revision="main"' in text and "weights=" in text
 
 
 def copy_entry(tmp_path: Path, name: str, edit=lambda text: text) -> Path:

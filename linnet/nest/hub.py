@@ -25,7 +25,7 @@ from urllib.request import getproxies, proxy_bypass
 
 from .. import codes
 from ..diagnostics import LinnetError, Note, error
-from .manifest import COMMIT_ID, PackagedCopy, WeightsSpec
+from .manifest import COMMIT_ID, PLACEHOLDER_REVISION, PackagedCopy, WeightsSpec
 
 log = logging.getLogger("linnet.nest")
 
@@ -122,6 +122,8 @@ def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoi
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     cached = cached_file(repo, filename, revision)
+    if cached is None and revision == PLACEHOLDER_REVISION:
+        raise placeholder_revision(repo, filename, what)
     # A commit's files never change, so a cached one needs no request; a branch's might.
     if cached is not None and (COMMIT_ID.fullmatch(revision) or constants.HF_HUB_OFFLINE):
         return cached
@@ -145,6 +147,16 @@ def fetch_file(repo: str, filename: str, revision: str, *, what: str = "checkpoi
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise error(codes.FILE_UNAVAILABLE, f"cannot download {what} {repo}/{filename} at revision {revision}: "
                                             f"{first_line}", None, Note(instead)) from None
+
+
+def placeholder_revision(repo: str, filename: str, what: str) -> LinnetError:
+    """The Hub would answer "revision not found" after a request; say what the pin really is."""
+    return error(codes.PLACEHOLDER_REVISION,
+                 f"cannot fetch {what} {repo}/{filename}: the entry pins revision {PLACEHOLDER_REVISION[:12]}..., "
+                 "a placeholder, not a commit (the entry was written without network access and its "
+                 "commit was never looked up)", None,
+                 Note(f'pass revision="main" (or a commit id of {repo}) to nest.load, or weights= a local '
+                      "checkpoint; pinning the commit `main` resolves to in nest.toml fixes it for everyone"))
 
 
 def not_available(repo: str, filename: str, revision: str, why: str, what: str, instead: str, *,

@@ -60,6 +60,9 @@ PADDING_SIDES = ("right", "left")
 
 #: A full git commit id, the only revision form a pin accepts.
 COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+#: The pin an entry carries when its commit could not be looked up as it was written (no
+#: network): a well-formed id that no repo has, so a download is refused with its own error.
+PLACEHOLDER_REVISION = "0" * 40
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: A Python distribution name as PyPI accepts it (PEP 508).
