@@ -30,6 +30,7 @@ ROOT = Path("/tmp/linnet-emit-ab")
 VARIANTS: dict[str, dict] = {
     "base": {},
     "mha": {"ATTENTION_KERNEL": "multihead"},
+    "mha_bnsh": {"ATTENTION_KERNEL": "multihead-bnsh"},
     "matmul_linear": {"_GEMM_DTYPES": ()},
     "qkv": {"onnx_runtime.OPTIMIZE": ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")},
 }

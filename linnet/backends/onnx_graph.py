@@ -736,7 +736,7 @@ def _multihead_attention(em: GraphEmitter, frame: _Frame, q: str, k: str, v: str
     dims = [frame.resolve(d).as_int() for d in fn.params[0][1].dims]
     keys = fn.params[1][1].dims
     values = fn.params[2][1].dims
-    if (ATTENTION_KERNEL != "multihead" or fn.result.dtype != "f32" or mask or scale is None
+    if (ATTENTION_KERNEL not in ("multihead", "multihead-bnsh") or fn.result.dtype != "f32" or mask or scale is None
             or len(dims) != 4 or len(keys) != 4 or dims[1] is None or dims[3] is None
             or frame.resolve(values[3]).as_int() != dims[3]):
         return None
@@ -746,7 +746,9 @@ def _multihead_attention(em: GraphEmitter, frame: _Frame, q: str, k: str, v: str
     merged_shape = em.constant([0, 0, heads * width], "i64", (3,))
     merged = [em.node("Reshape", [em.node("Transpose", [x], out, scope=scope, doc=doc + ", heads merged",
                                           perm=[0, 2, 1, 3]), merged_shape], out, scope=scope, doc=doc)
-              for x in (q, k, v)]
+              for x in ((q, k, v) if ATTENTION_KERNEL == "multihead" else (q,))]
+    if ATTENTION_KERNEL == "multihead-bnsh":
+        merged += [k, v]
     context = em.node("MultiHeadAttention", merged, out, scope=scope, doc=doc, domain=CONTRIB_DOMAIN,
                       num_heads=heads, scale=scale)
     split = em.node("Reshape", [context, em.constant([0, 0, heads, width], "i64", (4,))], out, scope=scope,
