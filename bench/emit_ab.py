@@ -4,6 +4,10 @@
     python -m bench.emit_ab ab A B [--model vit|bert] [--rounds 12] [--calls 3] [--cpu-time]
     python -m bench.emit_ab profile A [B] [--model vit|bert] [--runs 20]
     python -m bench.emit_ab reference [--model vit]                 # transformers -> torch.onnx
+    python -m bench.emit_ab rewrite REWRITE [VARIANT]               # a prototype rewrite's file
+
+Names for A and B: a variant, `reference`, `floor` / `floor-nobias` (`gemm_floor_model`), or
+the path of an .onnx file (`rewrite` prints one).
 
 A variant is a named setting of the ONNX emitter (`VARIANTS`: module attributes of
 `linnet.backends.onnx_graph`, or `module.attr` of another `linnet.backends` module).  `export` runs in a child process per variant, with the
@@ -26,11 +30,12 @@ from pathlib import Path
 
 ROOT = Path("/tmp/linnet-emit-ab")
 
-#: variant -> {onnx_graph attribute: value}.  "base" is the emitter as committed.
+#: variant -> {onnx_graph attribute (or `module.attr`): value}.  "base" is the emitter as
+#: committed.  The MultiHeadAttention variants measured in docs/backend-onnx.md ("mha",
+#: "mha_bnsh": `ATTENTION_KERNEL = "multihead"` / `"multihead-bnsh"`) need the emission of
+#: commit a6fc8dc, reverted after they lost; check it out to rerun them.
 VARIANTS: dict[str, dict] = {
     "base": {},
-    "mha": {"ATTENTION_KERNEL": "multihead"},
-    "mha_bnsh": {"ATTENTION_KERNEL": "multihead-bnsh"},
     "matmul_linear": {"_GEMM_DTYPES": ()},
     "qkv": {"onnx_runtime.OPTIMIZE": ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")},
 }
@@ -173,6 +178,106 @@ def floor(biases: bool = True) -> Path:
     return path
 
 
+# ------------------------------------------------------------------ prototype rewrites
+# Forms tried as rewrites of an exported graph before any emitter change (each lost; see
+# docs/backend-onnx.md): `python -m bench.emit_ab rewrite skip-layernorm base`.
+
+
+def _graph_index(graph):
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    return producer, readers
+
+
+def _linear_restore(node, producer, readers):
+    """The Gemm (with a bias) whose rows `node` reshapes back, when the Gemm has no other reader."""
+    gemm = producer.get(node.input[0]) if node.op_type == "Reshape" else None
+    if gemm is None or gemm.op_type != "Gemm" or len(gemm.input) != 3 or len(readers[gemm.output[0]]) != 1:
+        return None
+    return gemm
+
+
+def rewrite_skip_layernorm(model, move_bias: bool = False) -> int:
+    """residual Add + LayerNormalization -> com.microsoft.SkipLayerNormalization, its fourth
+    output the sum the next residual reads; move_bias: the out/down projection's Gemm bias
+    becomes the kernel's bias input."""
+    from onnx import helper
+
+    graph = model.graph
+    params = {t.name for t in graph.initializer}
+    producer, readers = _graph_index(graph)
+    replaced, dropped = {}, set()
+    for n in graph.node:
+        add = producer.get(n.input[0]) if n.op_type == "LayerNormalization" else None
+        if add is None or add.op_type != "Add" or any(i in params for i in add.input):
+            continue
+        inputs = [*add.input, *n.input[1:3]]
+        for side in add.input if move_bias else ():
+            gemm = _linear_restore(producer[side], producer, readers) if side in producer else None
+            if gemm is not None and len(readers[side]) == 1:
+                inputs.append(gemm.input.pop())
+                break
+        eps = next(a.f for a in n.attribute if a.name == "epsilon")
+        replaced[id(n)] = helper.make_node("SkipLayerNormalization", inputs, [n.output[0], "", "", add.output[0]],
+                                           name=n.name + "/skip", domain="com.microsoft", epsilon=eps)
+        dropped.add(id(add))
+    nodes = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)
+
+
+def rewrite_bias_gelu(model) -> int:
+    """The up projection as a bias-free Gemm and com.microsoft.BiasGelu (bias + erf GELU),
+    in place of Gemm(bias) and the five-node erf GELU (as the reference export runs it)."""
+    from onnx import helper
+
+    graph = model.graph
+    producer, readers = _graph_index(graph)
+    dropped, after = set(), {}
+    for n in graph.node:
+        gelu = readers.get(n.output[0], []) if n.op_type == "Reshape" else []
+        gemm = _linear_restore(n, producer, readers)
+        if gemm is None or not gelu or not all("gelu" in r.name for r in gelu):
+            continue
+        scope = gelu[0].name.rsplit("/", 1)[0]
+        body = [x for x in graph.node if x.name.rsplit("/", 1)[0] == scope]
+        result = next(x for x in body if x.name.endswith("/Mul_2")).output[0]
+        after[id(n)] = helper.make_node("BiasGelu", [n.output[0], gemm.input.pop()], [result],
+                                        name=scope + "/BiasGelu", domain="com.microsoft")
+        dropped |= {id(x) for x in body}
+    nodes = []
+    for n in graph.node:
+        if id(n) not in dropped:
+            nodes += [n] + ([after[id(n)]] if id(n) in after else [])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(after)
+
+
+REWRITES = {"skip-layernorm": rewrite_skip_layernorm,
+            "skip-layernorm-bias": lambda m: rewrite_skip_layernorm(m, move_bias=True),
+            "bias-gelu": rewrite_bias_gelu}
+
+
+def rewritten(rewrite: str, variant: str, model: str) -> Path:
+    import onnx
+    from onnx import helper
+
+    onnx_model = onnx.load(str(_path(variant, model)))
+    count = REWRITES[rewrite](onnx_model)
+    if not any(o.domain == "com.microsoft" for o in onnx_model.opset_import):
+        onnx_model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    path = ROOT / f"{model}-{variant}-{rewrite}" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(onnx_model, str(path), save_as_external_data=True, location="model.onnx.data")
+    print(f"{rewrite}: {count} sites rewritten -> {path}", file=sys.stderr)
+    return path
+
+
 def _path(name: str, model: str) -> Path:
     if name == "reference":
         return reference(model)
@@ -226,7 +331,7 @@ def ab(path_a: Path, path_b: Path, rounds: int, calls: int, cpu_time: bool, chan
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.emit_ab", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=("export", "ab", "profile", "reference"))
+    parser.add_argument("command", choices=("export", "ab", "profile", "reference", "rewrite"))
     parser.add_argument("names", nargs="*")
     parser.add_argument("--model", choices=tuple(MODELS), default="vit")
     parser.add_argument("--rounds", type=int, default=12)
@@ -242,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print(export(args.names[0], args.model))
     elif args.command == "reference":
         print(reference(args.model))
+    elif args.command == "rewrite":
+        print(rewritten(args.names[0], args.names[1] if len(args.names) > 1 else "base", args.model))
     elif args.command == "profile":
         paths = [str(_path(n, args.model)) for n in args.names]
         for name, (path, summary) in zip(args.names, onnx_profile.profile(paths, args.runs).items()):
