@@ -98,3 +98,35 @@ def test_an_unknown_kernels_value_is_refused(minilm_checkpoint):
     with pytest.raises(LinnetError, match="kernels must be one of auto, default") as info:
         nest.load("all-minilm-l6-v2", backend="onnx", kernels="fastest")
     assert info.value.diagnostics[0].code == "E0807"
+
+
+def _fixed_width_model(tmp_path, preconditions: str | None):
+    """x [B, W] reshaped to [1, 5]: runs only with W = 5 (and B = 1); W is a free dim."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 5], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "fixed_width",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if preconditions is not None:
+        helper.set_model_props(model, {"linnet.preconditions": preconditions})
+    path = tmp_path / "fixed_width.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_the_probe_uses_the_size_a_precondition_pins(tmp_path):
+    # ViT's export says "H == 224, W == 224": no size of PROBE_SIZES runs it, so without the
+    # pin its session options were never measured.
+    import onnxruntime as ort
+
+    pinned = ort.InferenceSession(str(_fixed_width_model(tmp_path, "W == 5, B > 0")), providers=["CPUExecutionProvider"])
+    assert onnx_options.pinned_dims(pinned) == {"W": 5}
+    feeds = onnx_options.probe_inputs(pinned)
+    assert feeds is not None and feeds["x"].shape == (1, 5)
+    unpinned = ort.InferenceSession(str(_fixed_width_model(tmp_path, None)), providers=["CPUExecutionProvider"])
+    assert onnx_options.pinned_dims(unpinned) == {}
+    assert onnx_options.probe_inputs(unpinned) is None

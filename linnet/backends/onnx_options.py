@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,16 +161,30 @@ def _measure(model_file: Path, providers: list, threads: int) -> SessionChoice:
     return SessionChoice(dict(changes), round(speedups[best], 3), error, measured)
 
 
+def pinned_dims(session) -> dict[str, int]:
+    """Free dims the export's preconditions hold to one size (`linnet.preconditions` metadata,
+    "H == 224, W == 224" for ViT, whose position embeddings fix the image size): no size of
+    `PROBE_SIZES` would run those."""
+    try:
+        text = session.get_modelmeta().custom_metadata_map.get("linnet.preconditions", "")
+    except Exception:  # noqa: BLE001 - a file from elsewhere: no metadata, no pins
+        return {}
+    return {name: int(value) for name, value in re.findall(r"\b([A-Za-z_]\w*) == (\d+)\b", text)}
+
+
 def probe_inputs(session) -> dict | None:
     """Inputs for timing: ones for integer inputs (a valid token id, token type and mask
-    everywhere), seeded normal values for float ones; free dims 1 for a batch-like first dim
-    and the largest of `PROBE_SIZES` the model runs.  None when no size runs."""
+    everywhere), seeded normal values for float ones; free dims 1 for a batch-like first dim,
+    the size a precondition pins (`pinned_dims`), else the largest of `PROBE_SIZES` the model
+    runs.  None when no size runs."""
     generator = np.random.default_rng(0)
     output = session.get_outputs()[0].name
+    pinned = pinned_dims(session)
     for size in PROBE_SIZES:
         feeds = {}
         for arg in session.get_inputs():
-            dims = [d if isinstance(d, int) else (1 if i == 0 else size) for i, d in enumerate(arg.shape)]
+            dims = [d if isinstance(d, int) else (1 if i == 0 else pinned.get(d, size))
+                    for i, d in enumerate(arg.shape)]
             dtype = _NUMPY.get(arg.type)
             if dtype is None:
                 return None
