@@ -185,8 +185,8 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
                                           f"({', '.join(found['cache_written'])}), so its peak includes that (was "
                                           "the source tree edited during the run?)")
                 if found.get("children_peak_rss_mib"):
-                    r.method.notes.append(f"its load ran child processes (an option probe), the largest peaking at "
-                                          f"{found['children_peak_rss_mib']} MiB")
+                    r.method.notes.append("peak RSS probe: its load ran child processes (an option probe measures in "
+                                          f"one), the largest peaking at {found['children_peak_rss_mib']} MiB")
             except Exception as exc:  # noqa: BLE001 - a memory figure missing is not a failed method
                 r.metrics["peak_rss_mib"] = None
                 r.method.notes.append(f"peak RSS probe failed: {_error_text('probe', exc)}")
