@@ -180,6 +180,13 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
                 r.method.notes.append("peak_rss_mib: peak RSS (VmHWM) of a fresh process that imports, loads once "
                                       "and runs one call per batch size (the interpreter alone, before the "
                                       f"framework imports: {found['rss_before_load_mib']} MiB)")
+                if found.get("cache_written"):
+                    r.method.notes.append("peak RSS probe: its load built or measured again what this run had cached "
+                                          f"({', '.join(found['cache_written'])}), so its peak includes that (was "
+                                          "the source tree edited during the run?)")
+                if found.get("children_peak_rss_mib"):
+                    r.method.notes.append("peak RSS probe: its load ran child processes (an option probe measures in "
+                                          f"one), the largest peaking at {found['children_peak_rss_mib']} MiB")
             except Exception as exc:  # noqa: BLE001 - a memory figure missing is not a failed method
                 r.metrics["peak_rss_mib"] = None
                 r.method.notes.append(f"peak RSS probe failed: {_error_text('probe', exc)}")

@@ -35,7 +35,9 @@ def probe(model: str, key: str, workdir: Path, device: str = "cpu") -> dict:
     workload = Workload(device=device)
     method = BY_KEY[key](Context(resolve(model), workload, workdir, probe=True))
     before = _vm_hwm_kib()
+    cached = _cache_state()
     method.build()
+    written = _written_since(cached)
     method.load()
     if method.supports("fixed"):
         for size in (workload.latency_batch, workload.throughput_batch):
@@ -46,7 +48,37 @@ def probe(model: str, key: str, workdir: Path, device: str = "cpu") -> dict:
         method.encode(corpus(workload.corpus_batch, workload.seed))
     peak = _vm_hwm_kib()
     method.close()
-    return {"peak_rss_mib": round(peak / 1024, 1), "rss_before_load_mib": round(before / 1024, 1)}
+    return {"peak_rss_mib": round(peak / 1024, 1), "rss_before_load_mib": round(before / 1024, 1),
+            "children_peak_rss_mib": round(_children_peak_kib() / 1024, 1), "cache_written": written}
+
+
+def _cache_state() -> dict[str, int]:
+    """The Linnet cache's artifacts (generated sources and exports, measured decisions) by
+    path, with their modification times."""
+    from linnet.backends import cache_dir
+
+    root = cache_dir()
+    found = {}
+    for pattern in ("generated/*/*", "kernels/*"):
+        for path in root.glob(pattern):
+            if ".tmp" not in path.name:
+                found[path.relative_to(root).as_posix()] = path.stat().st_mtime_ns
+    return found
+
+
+def _written_since(before: dict[str, int]) -> list[str]:
+    """What the probe's own first load built or measured.  The benchmark process built every
+    method before probing, so this is empty unless a cache key differed (the source tree
+    edited during the run, say); then the probe's peak includes that build."""
+    return sorted(path for path, stamp in _cache_state().items() if before.get(path) != stamp)
+
+
+def _children_peak_kib() -> int:
+    """The largest peak RSS among the child processes the load ran and waited for (ONNX
+    Runtime's and XLA's option probes measure in a child), 0 if none.  A child's ru_maxrss
+    starts from this process's RSS when it forked (see `_vm_hwm_kib`), so a child that stays
+    smaller than that reports this process's RSS at the fork instead of its own peak."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 
 
 def main(argv: list[str] | None = None) -> int:

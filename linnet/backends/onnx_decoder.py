@@ -22,7 +22,7 @@ entry runs, and each layer's key and value are sliced out of its result.
 """
 from __future__ import annotations
 
-from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, elem_type
+from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type
 from ..middle import ir
 
 #: optimum's file names for the two graphs.
@@ -39,23 +39,25 @@ def present_names(layers: int) -> list[str]:
 
 
 def decoder_models(program: ir.Program, tensors: dict, name: str, params_in_place: bool = False) -> dict[str, object]:
-    """{file name: onnx.ModelProto} for the prefill and the one-step graph (params_in_place:
-    `GraphEmitter.params_in_place`)."""
-    return {PREFILL_FILE: _emit(program, tensors, name, past=False, params_in_place=params_in_place),
-            STEP_FILE: _emit(program, tensors, name, past=True, params_in_place=params_in_place)}
+    """{file name: onnx.ModelProto} for the prefill and the one-step graph, weights inline
+    (params_in_place: `GraphEmitter.params_in_place`)."""
+    return {file: _emit(program, tensors, name, past=file == STEP_FILE, params_in_place=params_in_place).model
+            for file in (PREFILL_FILE, STEP_FILE)}
 
 
 def _cache_type(program: ir.Program) -> ir.TensorType:
     return program.entries["decode"].inputs[1][1]  # [Layers + 1, 2, B, Heads, P, Dh]
 
 
-def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_place: bool = False):
+def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_place: bool = False,
+          defer_weights: bool = False) -> ModelFile:
+    """One of the two graphs; defer_weights: its params' bytes not copied in (`ModelFile.weights`)."""
     from onnx import TensorProto, helper
 
     cache_t = _cache_type(program)
     layers = cache_t.dims[0].as_int() - 1
     float_type = elem_type(cache_t.dtype)
-    em = GraphEmitter(program, tensors, params_in_place=params_in_place)
+    em = GraphEmitter(program, tensors, params_in_place=params_in_place, defer_weights=defer_weights)
     entry = program.entries["decode" if past else "prefill"]
     scope, doc = ("decode", "one step with a per-layer cache") if past else ("prefill", "the prompt")
     ids_dims = ["B", 1] if past else ["B", "S"]
@@ -95,12 +97,13 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
         _slot(em, cache, layer + 1, part, float_type, out_name)
         outputs.append(helper.make_tensor_value_info(out_name, float_type, present_dims))
     used = {i for node in em.nodes for i in node.input}
-    graph = helper.make_graph(em.nodes, f"{name}-{scope}", inputs, outputs,
-                              initializer=[t for t in em.initializers if t.name in used],
+    initializers = [t for t in em.initializers if t.name in used]
+    graph = helper.make_graph(em.nodes, f"{name}-{scope}", inputs, outputs, initializer=initializers,
                               doc_string=f"{name}: {doc}, inputs and outputs as optimum names them")
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="linnet")
     model.ir_version = IR_VERSION
-    return model
+    return ModelFile(STEP_FILE if past else PREFILL_FILE, [], model,
+                     {t.name: em.weights[t.name] for t in initializers if t.name in em.weights})
 
 
 def _stacked_cache(em: GraphEmitter, layers: int, float_type: int) -> str:
@@ -135,11 +138,15 @@ def _slot(em: GraphEmitter, cache: str, slot: int, part: int, float_type: int, o
 
 def write_decoder_models(program: ir.Program, tensors: dict, name: str, out_dir, share,
                          params_in_place: bool = False) -> list:
-    """Save both graphs into `out_dir`; `share(model, data_file)` saves one with its weights
+    """Save both graphs into `out_dir`, one emitted and written before the other;
+    `share(model_file, path, data_file)` saves one, its weights deferred (`ModelFile.weights`),
     pointing at bytes already written where they are the same (the runtime's weights file)."""
     paths = []
-    for index, (file, model) in enumerate(decoder_models(program, tensors, name, params_in_place).items()):
-        paths.append(share(model, out_dir / file, f"decoder.{index}.bin"))
+    for index, file in enumerate((PREFILL_FILE, STEP_FILE)):
+        model_file = _emit(program, tensors, name, past=file == STEP_FILE, params_in_place=params_in_place,
+                           defer_weights=True)
+        paths.append(share(model_file, out_dir / file, f"decoder.{index}.bin"))
+        del model_file
     return paths
 
 

@@ -84,6 +84,42 @@ class ModelFile:
     file: str
     entries: list[str]
     model: object = None  # onnx.ModelProto
+    #: Initializer name -> its `DeferredWeight`, for a model emitted with `defer_weights=True`
+    #: (those initializers have no data in `model` until `inline_weights` or the writer
+    #: `onnx_external.ExternalWeights` puts it in).
+    weights: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeferredWeight:
+    """A param's bytes, not yet copied into an initializer: the checkpoint's array as loaded
+    and whether the initializer stores it transposed.  A graph of bert-base holds ~420 MB of
+    weights, and the runtime's export writes one graph per entry; deferred, each graph's proto
+    holds names and shapes only, and each weight is copied (and transposed) once, when written."""
+
+    array: object  # numpy.ndarray
+    transposed: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    def payload(self):
+        """The initializer's raw_data as a flat uint8 array (what `array.tobytes()` gives,
+        C order, without the copy where the array is already contiguous)."""
+        import numpy as np
+
+        array = np.ascontiguousarray(self.array.T if self.transposed else self.array)
+        return array.reshape(-1).view(np.uint8)
+
+
+def inline_weights(model_file: ModelFile) -> None:
+    """Put the deferred weights' bytes into the model's initializers (a self-contained file)."""
+    for tensor in model_file.model.graph.initializer:
+        weight = model_file.weights.get(tensor.name)
+        if weight is not None:
+            tensor.raw_data = weight.payload().tobytes()
+    model_file.weights = {}
 
 
 def _signature(entry: ir.Entry) -> tuple:
@@ -146,7 +182,7 @@ class GraphEmitter:
     """Builds the nodes and initializers of one graph."""
 
     def __init__(self, program: ir.Program, tensors: dict, *, bf16_compute: str = "native",
-                 params_in_place: bool = False):
+                 params_in_place: bool = False, defer_weights: bool = False):
         if bf16_compute not in ("native", "f32"):
             raise ValueError(f"bf16_compute must be 'native' or 'f32', got {bf16_compute!r}")
         self.program = program
@@ -155,6 +191,9 @@ class GraphEmitter:
         #: `matmul(x, transpose(P))` of a param as Gemm transB=1 reading P as stored (the
         #: export for sessions sharing one copy of the weights; `_matmul_by_transposed_param`).
         self.params_in_place = params_in_place
+        #: Params become initializers without data, their arrays kept in `weights` (`DeferredWeight`).
+        self.defer_weights = defer_weights
+        self.weights: dict[str, DeferredWeight] = {}
         self.nodes: list = []
         self.initializers: list = []
         self.types: dict[str, int] = {}  # value name -> element type, for the f32 islands
@@ -212,14 +251,19 @@ class GraphEmitter:
         return self._casts[key]
 
     # ------------------------------------------------------- initializers
-    def _initializer(self, name: str, array, elem: int, doc: str = "") -> str:
+    def _initializer(self, name: str, array, elem: int, doc: str = "", deferred: DeferredWeight | None = None) -> str:
+        """One initializer holding `array`; with `deferred`, it holds only the shape and the
+        bytes come from `deferred` when the model is written."""
         from onnx import TensorProto
 
         tensor = TensorProto()
         tensor.name = name
         tensor.data_type = elem
         tensor.dims.extend(array.shape)
-        tensor.raw_data = array.tobytes()  # little-endian, as ONNX raw_data requires on x86/ARM
+        if deferred is None:
+            tensor.raw_data = array.tobytes()  # little-endian, as ONNX raw_data requires on x86/ARM
+        else:
+            self.weights[name] = deferred
         if doc:
             tensor.doc_string = doc
         self.initializers.append(tensor)
@@ -259,14 +303,17 @@ class GraphEmitter:
             else:
                 doc = f"Linnet param {path}: {t}"
                 name = path
+                deferred = DeferredWeight(array, transposed) if self.defer_weights else None
                 if transposed:
                     import numpy as np
-                    array = np.ascontiguousarray(array.T)
+
+                    # Deferred, the transposed copy is made when the weight is written, one at a time.
+                    array = array.T if deferred is not None else np.ascontiguousarray(array.T)
                     doc += ", stored transposed for MatMul"
                     name = f"{path}^T"
                 # Unique, since an input or an entry's output may already have the name.
                 name = self._unique(name)
-                self._params[key] = self._initializer(name, array, elem_type(t.dtype), doc)
+                self._params[key] = self._initializer(name, array, elem_type(t.dtype), doc, deferred)
                 self._by_array[(id(self.tensors[path]), transposed)] = self._params[key]
         return self._params[key]
 
@@ -847,18 +894,35 @@ FUSED = {
 def emit(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, str],
          root_entry: str | None = None, generics: dict | None = None, bf16_compute: str = "native",
          source: str = "", params_in_place: bool = False) -> list[ModelFile]:
-    """The ONNX models of a lowered program, one per file of `layout`.
+    """The ONNX models of a lowered program, one per file of `layout`, weights inline.
 
     tensors: param path -> numpy array (already in the export dtype).  outputs: entry ->
     graph output name.  generics: recorded in the metadata.  params_in_place: see
-    `GraphEmitter.params_in_place`.
+    `GraphEmitter.params_in_place`.  Every model is in memory at once, each with a copy of
+    the weights it reads: to write an export, iterate `emit_each` instead.
     """
+    files = []
+    for model_file in emit_each(program, tensors, name=name, outputs=outputs, root_entry=root_entry,
+                                generics=generics, bf16_compute=bf16_compute, source=source,
+                                params_in_place=params_in_place, defer_weights=True):
+        inline_weights(model_file)
+        files.append(model_file)
+    return files
+
+
+def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, str],
+              root_entry: str | None = None, generics: dict | None = None, bf16_compute: str = "native",
+              source: str = "", params_in_place: bool = False, defer_weights: bool = False):
+    """`emit`'s models one at a time, each built when the previous one has been taken, so a
+    writer that saves and drops each holds one graph at a time.  defer_weights: the params'
+    initializers hold no data; `ModelFile.weights` names their arrays (`DeferredWeight`)."""
     from onnx import helper
 
     files = layout(program, root_entry)
     for model_file in files:
         first = program.entries[model_file.entries[0]]
-        em = GraphEmitter(program, tensors, bf16_compute=bf16_compute, params_in_place=params_in_place)
+        em = GraphEmitter(program, tensors, bf16_compute=bf16_compute, params_in_place=params_in_place,
+                          defer_weights=defer_weights)
         em.bind_dims(first)
         inputs = []
         for input_name, t in first.inputs:
@@ -890,7 +954,9 @@ def emit(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, st
         helper.set_model_props(model, metadata(program, model_file.entries, outputs, generics or {}, source))
         model_file.model = model
         model_file.initializer_bytes = em.initializer_bytes
-    return files
+        model_file.weights = {t.name: em.weights[t.name] for t in initializers if t.name in em.weights}
+        del em, initializers, graph, model  # the file's caller holds the one copy from here
+        yield model_file
 
 
 def metadata(program: ir.Program, entries: list[str], outputs: dict[str, str], generics: dict,

@@ -11,7 +11,8 @@ is timed against the default session in alternating rounds of a few calls on one
 candidate is taken only when it is faster by
 `MIN_SPEEDUP` and its output is within `TOLERANCE` of the default session's (relative to the
 output's magnitude, as `torch_kernels` does for Linear).  When several single changes win,
-their combination is measured too.  The decision is cached per machine (CPU model, logical
+their combination is measured too.  All of it runs in a child process (`measure_in_child`), so
+the two sessions' memory is never the loading process's.  The decision is cached per machine (CPU model, logical
 cores, onnxruntime version) and model (the export's cache folder, which names its content)
 under `$LINNET_CACHE/kernels/onnx-session.json`, so later loads open one session only.
 
@@ -20,6 +21,7 @@ session (`default_settings`); so does any provider other than the CPU one.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -49,6 +51,8 @@ PROBE_SIZES = (128, 32, 8)
 #: no-spinning candidate won a probe (x1.08) that lost in steady use (MiniLM B=1: 10.9 ms
 #: against 9.0 ms with the default session, in one interleaved bench run).
 BLOCK = 4
+#: Seconds the probe's child process may take (bert-base measures in ~15 s on 2 busy cores).
+CHILD_TIMEOUT_S = 300
 
 LEVELS = ("basic", "extended", "all")
 
@@ -110,7 +114,7 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
     if cached is not None:
         return cached
     try:
-        choice = _measure(model_file, providers, threads)
+        choice = measure_in_child(model_file, providers, threads)
     except Exception:  # noqa: BLE001 - measuring is an optimisation; the default session stands
         log.warning("could not measure ONNX Runtime session options for %s; using the defaults",
                     model_file, exc_info=True)
@@ -136,8 +140,8 @@ def _measure(model_file: Path, providers: list, threads: int) -> SessionChoice:
     reference = reference_session.run([output], feeds)[0]
     scale = max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
     # At most two sessions are open at a time (the default and one candidate): each holds its
-    # own pre-packed copy of every weight, so opening all candidates together would multiply
-    # a first load's peak memory by their number (measured: 4.7 GB for bert-base).
+    # own pre-packed copy of every weight (two peak at 1.1 GB for bert-base), so opening all
+    # candidates together would multiply a first load's peak memory by their number.
     exact: dict[str, tuple[dict, object, float]] = {}
     for name, changes in candidates(threads).items():
         error = _relative_error(open_session(changes).run([output], feeds)[0], reference, scale)
@@ -170,6 +174,40 @@ def pinned_dims(session) -> dict[str, int]:
     except Exception:  # noqa: BLE001 - a file from elsewhere: no metadata, no pins
         return {}
     return {name: int(value) for name, value in re.findall(r"\b([A-Za-z_]\w*) == (\d+)\b", text)}
+
+
+def measure_in_child(model_file: Path, providers: list, threads: int) -> SessionChoice:
+    """`_measure` in a fresh Python process.  The measurement holds two sessions, each with
+    its own pre-packed copy of the weights (1.1 GB peak for bert-base, twice a loaded
+    model's); in a child, that memory is the child's and is all returned when it exits,
+    where in the loading process it would raise the process's peak for good and, freed,
+    mostly stay resident (glibc keeps the heap: 1.25 GB after the measurement in-process, for
+    a model that then needs 0.55 GB).  The child times the same sessions on the same file."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r})\n"
+               "from linnet.backends.onnx_options import child_main; child_main()"]
+    request = {"model_file": str(model_file), "providers": [list(p) if isinstance(p, tuple) else p for p in providers],
+               "threads": threads}
+    done = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            return SessionChoice(**json.loads(line)["choice"])
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:300]
+    raise RuntimeError(f"the session-option probe process ended with status {done.returncode}: {tail}")
+
+
+def child_main() -> None:
+    """The child's side: the request as JSON on stdin, the choice as one JSON line on stdout."""
+    import sys
+
+    request = json.loads(sys.stdin.read())
+    providers = [tuple(p) if isinstance(p, list) else p for p in request["providers"]]
+    choice = _measure(Path(request["model_file"]), providers, int(request["threads"]))
+    print(json.dumps({"choice": vars(choice)}), flush=True)
 
 
 def probe_inputs(session) -> dict | None:

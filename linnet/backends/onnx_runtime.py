@@ -37,28 +37,31 @@ PACKING = True
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _emit(ctx: LoadContext, bf16_compute: str, params_in_place: bool = False):
-    """The entry's ONNX models in memory, weights included (`onnx.emit` over the context)."""
-    from .onnx_graph import emit
+def _emit_each(ctx: LoadContext, tensors: dict, bf16_compute: str, params_in_place: bool = False):
+    """The entry's ONNX models one at a time (`onnx_graph.emit_each`), their weights deferred:
+    each graph's initializers name the arrays of `tensors` and hold no bytes yet."""
+    from .onnx_graph import emit_each
 
     manifest = ctx.manifest
     root = manifest.source.entry if manifest is not None else None
     source = ctx.name if manifest is None else f"{ctx.name} ({manifest.source.root}, entries {', '.join(ctx.program.entries)})"
-    return emit(ctx.program, ctx.tensors("numpy"), name=ctx.name,
-                outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
-                generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source,
-                params_in_place=params_in_place)
+    return emit_each(ctx.program, tensors, name=ctx.name,
+                     outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
+                     generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source,
+                     params_in_place=params_in_place, defer_weights=True)
 
 
 def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
-    """Emit, save and validate every file of the entry's layout; model.onnx first."""
+    """Emit, save and validate every file of the entry's layout; model.onnx first.  Each file
+    is self-contained (weights inline up to 2 GiB), emitted, written and dropped before the
+    next, so one graph's copy of the weights is in memory at a time."""
     import onnx
 
-    from .onnx_graph import save
+    from .onnx_graph import inline_weights, save
 
-    files = _emit(ctx, bf16_compute)
     paths: list[Path] = []
-    for model_file in files:
+    for model_file in _emit_each(ctx, ctx.tensors("numpy"), bf16_compute):
+        inline_weights(model_file)
         written = save(model_file, out_dir)
         model_file.model = None  # the weights are on disk now; let the copy in memory go
         # The saved file is what users get, so that is what is checked (full shape inference).
@@ -301,70 +304,40 @@ WEIGHTS_FILE = "weights.bin"
 def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, params_in_place: bool = False) -> None:
     """The runtime's export: one model per entry, cut to its output, all reading one weights
     file.  Only initializers of 1 KB and more go to that file; small constants stay inline.
-    params_in_place: the variant for `share_weights=True` (`GraphEmitter.params_in_place`)."""
+    params_in_place: the variant for `share_weights=True` (`GraphEmitter.params_in_place`).
+
+    One graph is in memory at a time, without its weights' bytes: `onnx_external` copies each
+    weight from the checkpoint's array to the weights file as the graph is saved (bert-base's
+    seven graphs held 4.7 GB when emitted together with their weights inline)."""
     import onnx
 
-    files = _emit(ctx, bf16_compute, params_in_place)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: dict[bytes, object] = {}  # content digest -> a tensor referring to where it was written
-    for index, model_file in enumerate(files):
+    from .onnx_external import ExternalWeights
+
+    tensors = ctx.tensors("numpy")
+    weights = ExternalWeights(out_dir)
+    for index, model_file in enumerate(_emit_each(ctx, tensors, bf16_compute, params_in_place)):
         model = model_file.model
         data = WEIGHTS_FILE if index == 0 else f"{WEIGHTS_FILE}.{index}"
-        digests = _point_at_written(model, written)
-        # Writes the other tensors to `data` and leaves references (offset, length) in `model`.
-        onnx.save(model, str(out_dir / model_file.file), save_as_external_data=True,
-                  all_tensors_to_one_file=True, location=data, size_threshold=1024)
-        _remember_written(model, digests, written)
-        onnx.checker.check_model(str(out_dir / model_file.file), full_check=True)
+        path = weights.save(model, model_file.weights, model_file.file, data)
+        onnx.checker.check_model(str(path), full_check=True)
         for entry in model_file.entries:
             onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
-        model_file.model = None
+        model_file.model = model = None
     if has_decoder_entries(ctx.program) and bf16_compute == "native":
         from .onnx_decoder import write_decoder_models
 
-        def share(model, path: Path, data: str) -> Path:
-            digests = _point_at_written(model, written)
-            onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                      size_threshold=1024)
-            _remember_written(model, digests, written)
+        def share(model_file, path: Path, data: str) -> Path:
+            weights.save(model_file.model, model_file.weights, path.name, data)
             onnx.checker.check_model(str(path), full_check=True)
             return path
 
-        write_decoder_models(ctx.program, ctx.tensors("numpy"), ctx.name, out_dir, share, params_in_place)
+        write_decoder_models(ctx.program, tensors, ctx.name, out_dir, share, params_in_place)
 
 
 def has_decoder_entries(program) -> bool:
     """Whether the program generates (prefill, decode, next_logits), so the runtime's export
     also holds the optimum-style graphs of linnet/backends/onnx_decoder.py."""
     return all(e in program.entries for e in ("prefill", "decode", "next_logits"))
-
-
-def _point_at_written(model, written: dict) -> dict:
-    """Initializers another file of this export already wrote (the weights, when a loss entry
-    has a file of its own beside model.onnx) become references to those bytes, so the
-    weights are on disk once. Returns the digests of the tensors still to be written."""
-    import hashlib
-
-    digests = {}
-    for tensor in model.graph.initializer:
-        if not tensor.HasField("raw_data") or len(tensor.raw_data) < 1024:
-            continue
-        digest = hashlib.blake2b(tensor.SerializeToString(), digest_size=20).digest()
-        if digest in written:
-            tensor.CopyFrom(written[digest])
-        else:
-            digests[tensor.name] = digest
-    return digests
-
-
-def _remember_written(model, digests: dict, written: dict) -> None:
-    """After a save: where each newly written tensor's bytes are (the tensor now holds only a
-    reference), keyed by the digest of its content."""
-    from onnx.external_data_helper import uses_external_data
-
-    for tensor in model.graph.initializer:
-        if tensor.name in digests and uses_external_data(tensor):
-            written.setdefault(digests[tensor.name], type(tensor).FromString(tensor.SerializeToString()))
 
 
 def cut_to_output(model, output):

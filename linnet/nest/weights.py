@@ -608,17 +608,33 @@ def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend:
                dtype: str | None) -> dict[str, Any]:
     from safetensors import safe_open
 
+    # numpy's get_tensor copies out of the file's memory map, and the pages it read count in
+    # the process's RSS as long as the map is open: read through one handle, a checkpoint
+    # peaked at twice its size (bert-base: +854 MiB for 420 MiB of arrays).  A handle per
+    # tensor unmaps each one's pages once copied (+438 MiB).  torch's tensors are views of
+    # the map itself, so one handle serves them.
+    if backend.safetensors_name == "numpy":
+        def read(key: str):
+            with safe_open(str(file), framework="numpy") as own:
+                return own.get_tensor(key)
+
+        return _read_members(members, read, backend, dtype)
+    with safe_open(str(file), framework=backend.safetensors_name) as handle:
+        return _read_members(members, handle.get_tensor, backend, dtype)
+
+
+def _read_members(members: list[tuple[ParamSpec, TensorInfo]], read, backend: Framework,
+                  dtype: str | None) -> dict[str, Any]:
     arrays: dict[str, Any] = {}
     converted: dict[tuple[str, str], Any] = {}  # (key, dtype) -> array, so ties share one read
-    with safe_open(str(file), framework=backend.safetensors_name) as handle:
-        for param, info in members:
-            target = _target_dtype(param, info, dtype)
-            if (info.key, target) not in converted:
-                array = handle.get_tensor(info.key)
-                if target != _linnet_dtype(info.dtype):
-                    array = backend.cast(array, dtypes.by_name(target))
-                converted[(info.key, target)] = array
-            arrays[param.name] = converted[(info.key, target)]
+    for param, info in members:
+        target = _target_dtype(param, info, dtype)
+        if (info.key, target) not in converted:
+            array = read(info.key)
+            if target != _linnet_dtype(info.dtype):
+                array = backend.cast(array, dtypes.by_name(target))
+            converted[(info.key, target)] = array
+        arrays[param.name] = converted[(info.key, target)]
     return arrays
 
 
