@@ -55,8 +55,10 @@ def test_the_floor_graph_stays_finite():
 @pytest.fixture(scope="module")
 def small_vit_export(hf_cache, linnet_cache, tmp_path_factory):
     vit = write_small_vit_repo(hf_cache, tmp_path_factory.mktemp("zoo") / "vit-small")
-    nest.load(vit.entry, backend="onnx", kernels="default")
-    (path,) = linnet_cache.glob("generated/onnx/*/model.forward.onnx")
+    model = nest.load(vit.entry, backend="onnx", kernels="default")
+    # This model's own export (the cache holds every other test's exports too).
+    path = model.runtime.folder / "model.forward.onnx"
+    assert path.is_file(), sorted(p.name for p in model.runtime.folder.iterdir())
     return path
 
 
