@@ -11,7 +11,8 @@ is timed against the default session in alternating rounds of a few calls on one
 candidate is taken only when it is faster by
 `MIN_SPEEDUP` and its output is within `TOLERANCE` of the default session's (relative to the
 output's magnitude, as `torch_kernels` does for Linear).  When several single changes win,
-their combination is measured too.  All of it runs in a child process (`measure_in_child`), so
+their combination is measured too; the winner is then timed against the default once more
+and kept only if it wins again.  All of it runs in a child process (`measure_in_child`), so
 the two sessions' memory is never the loading process's.  The decision is cached per machine (CPU model, logical
 cores, onnxruntime version) and model (the export's cache folder, which names its content)
 under `$LINNET_CACHE/kernels/onnx-session.json`, so later loads open one session only.
@@ -161,8 +162,16 @@ def _measure(model_file: Path, providers: list, threads: int) -> SessionChoice:
     measured = {n: round(s, 3) for n, s in speedups.items()}
     if best is None or speedups[best] < MIN_SPEEDUP:
         return SessionChoice({}, measured=measured)
+    # The best of several noisy ratios is biased upward (on a busy machine a setting that
+    # builds the very same graph as the default won a probe at x1.39), and the choice is kept
+    # for every later load: so the winner is timed once more against the default, and it is
+    # taken only when it wins again; the smaller of its two ratios is the one recorded.
+    confirmed = _interleaved_speedups(reference_session, {best: exact[best]}, feeds, output)[best]
+    measured[f"{best} (again)"] = round(confirmed, 3)
+    if confirmed < MIN_SPEEDUP:
+        return SessionChoice({}, measured=measured)
     changes, _, error = exact[best]
-    return SessionChoice(dict(changes), round(speedups[best], 3), error, measured)
+    return SessionChoice(dict(changes), round(min(speedups[best], confirmed), 3), error, measured)
 
 
 def pinned_dims(session) -> dict[str, int]:
