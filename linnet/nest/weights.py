@@ -12,7 +12,8 @@ The steps run in this order, and nothing reads tensor data before the last one:
    the entry's bindings (`entry_bindings`: its declared layout, or a bindings.json) and
    reports every problem in one error.
 4. `load_tensors` memory-maps the files with `safetensors.safe_open` and materialises each
-   parameter for numpy, PyTorch or JAX.
+   parameter for numpy or PyTorch; for JAX it maps each tensor's bytes itself and copies
+   them once into a JAX buffer (`mapped_reader`).
 
 Pickle checkpoints (`pytorch_model.bin`, `.pt`, ...) are refused, never opened: unpickling
 runs arbitrary code.  Frameworks and huggingface_hub are imported lazily, inside the
