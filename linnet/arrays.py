@@ -26,6 +26,14 @@ class Framework:
     names: tuple[str, ...] = ()
     #: The top-level modules its array types are defined in.
     modules: tuple[str, ...] = ()
+    #: Whether safetensors' `get_tensor` copies the tensor out of the file's memory map into
+    #: an array of this framework's own (numpy, JAX) rather than viewing the map (torch).
+    #: A copying read leaves the pages it touched in the process's RSS while the file stays
+    #: open, so the loader opens the file once per tensor for these (`linnet.nest.weights`).
+    copies_on_read: bool = True
+    #: Whether the loader copies each tensor straight from a memory-mapped numpy view with
+    #: `from_mapped` instead of through safetensors (see `Jax`).
+    reads_mapped: bool = False
 
     @property
     def safetensors_name(self) -> str:
@@ -92,6 +100,7 @@ class Numpy(Framework):
 class Torch(Framework):
     names = ("pt",)
     modules = ("torch",)
+    copies_on_read = False
 
     def concat(self, parts, axis):
         import torch
@@ -116,6 +125,19 @@ class Jax(Framework):
         import jax.numpy as jnp
 
         return jnp.concatenate(parts, axis=axis)
+
+    # safetensors' flax reader copies each tensor twice (into a bytes object, then into a JAX
+    # buffer); the freed bytes fragment the heap, so a second load in the process grew RSS by
+    # ~60% of the weights again.  One copy from the mapped file into JAX's own buffer does not.
+    reads_mapped = True
+
+    def from_mapped(self, view):
+        """A JAX array (default device) copied from `view`, a numpy view of a memory-mapped file."""
+        import jax
+
+        # Wait for the copy: the caller unmaps the file once the last view is dropped, and
+        # waiting keeps one tensor's pages mapped at a time rather than the whole file's.
+        return jax.device_put(view).block_until_ready()
 
     def cast(self, array, dtype):
         return array.astype(dtype.jax_type())

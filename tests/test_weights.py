@@ -612,3 +612,73 @@ def test_a_fresh_python_process_loads_the_synthetic_checkpoint(bert_base_checkpo
     assert result.returncode == 0, result.stderr[-3000:]
     layers, hidden, gamma_mean = result.stdout.split()
     assert (layers, hidden) == ("12", "768") and abs(float(gamma_mean) - 1) < 0.01
+
+
+def test_jax_reads_equal_safetensors_own_flax_reader(tmp_path):
+    # The JAX loader copies from its own memory map rather than through safetensors: every
+    # dtype, a zero-size tensor and data at odd offsets must come out as safetensors' reader
+    # gives them, bit for bit.
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "mixed.safetensors"
+    save_file({"odd": np.arange(3, dtype=np.uint8),  # puts the next tensors at unaligned offsets
+               "f32": rng.standard_normal((7, 5), dtype=np.float32),
+               "f16": rng.standard_normal((9,), dtype=np.float32).astype(np.float16),
+               "bf16": rng.standard_normal((4, 3), dtype=np.float32).astype(ml_dtypes.bfloat16),
+               "mask": np.array([True, False, True]),
+               "ids": np.arange(6, dtype=np.int32),
+               "empty": np.zeros((0, 4), np.float32)}, str(path))
+    index = read_index([path])
+    specs = {"f32": "f32", "f16": "f16", "bf16": "bf16", "mask": "bool", "ids": "i32", "empty": "f32", "odd": "u8"}
+    params = [ParamSpec(key, index[key].shape, dtype) for key, dtype in specs.items()]
+    loaded = load_tensors(params, {key: key for key in specs}, index, framework="flax")
+    with safe_open(str(path), framework="flax") as own:
+        for key in specs:
+            expected = own.get_tensor(key)
+            assert loaded[key].dtype == expected.dtype and loaded[key].shape == expected.shape, key
+            assert np.asarray(loaded[key]).tobytes() == np.asarray(expected).tobytes(), key
+
+
+_READ_PEAK_SCRIPT = """
+import gc, sys
+from pathlib import Path
+import jax.numpy as jnp
+from linnet.middle.params import ParamSpec
+from linnet.nest.weights import load_tensors, read_index
+
+def peak_mib():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+path = Path(sys.argv[1])
+index = read_index([path])
+params = [ParamSpec(key, info.shape, "f32") for key, info in index.items()]
+jnp.zeros(1).block_until_ready()  # jax's own start-up is not the read's
+before = peak_mib()
+arrays = load_tensors(params, {key: key for key in index}, index, framework="flax")
+first = peak_mib() - before
+del arrays
+gc.collect()
+arrays = load_tensors(params, {key: key for key in index}, index, framework="flax")
+print(first, peak_mib() - before)
+"""
+
+
+def test_jax_reads_peak_near_the_weights_size_even_loaded_twice(tmp_path):
+    # safetensors' flax reader through one open handle peaked at about twice a checkpoint's
+    # size (the pages it read stayed mapped, and each tensor passed through a bytes copy);
+    # and a second load in the same process, after the first was freed, grew it again by
+    # most of the size (the freed copies fragmented the heap).  Measured in a fresh process.
+    count, rows = 24, 1024  # 24 tensors of 4 MiB
+    path = tmp_path / "big.safetensors"
+    rng = np.random.default_rng(0)
+    save_file({f"t{i}": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(count)}, str(path))
+    size_mib = count * rows * 1024 * 4 / 2 ** 20
+    result = subprocess.run([sys.executable, "-c", _READ_PEAK_SCRIPT, str(path)], env=os.environ.copy(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, both = map(float, result.stdout.split())
+    assert first < 1.3 * size_mib, f"reading {size_mib:.0f} MiB raised the peak RSS by {first:.0f} MiB"
+    assert both < 1.3 * size_mib, f"a second read after freeing the first: peak +{both:.0f} MiB, weights {size_mib:.0f}"

@@ -35,8 +35,8 @@ from ..runtime import InputValidator
 from .layouts import LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index,
-                      verify_bindings)
+from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index, read_tensor,
+                      mapped_reader, verify_bindings)
 
 __all__ = ["load", "list", "list_entries", "load_tokenizer", "save", "Model", "Tokenizer", "cache_dir"]
 
@@ -414,10 +414,7 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _save_aligned({k: np.ascontiguousarray(v) for k, v in made.items()}, tmp)
                 os.replace(tmp, path)
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework=framework_named(framework).safetensors_name) as handle:
-                made = {k: handle.get_tensor(k) for k in handle.keys()}
+            made = _read_bound(path, framework_named(framework))
             if set(made) != set(optimized.plan):
                 raise ValueError("stale bound-params file")
         except Exception:  # a cache problem never stops a load: bind in memory instead
@@ -426,6 +423,22 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
         return {path: made[path] if path in made else tensors[path] for path, _ in optimized.program.param_paths()}
 
     return load
+
+
+def _read_bound(path: Path, backend) -> dict:
+    """Every tensor of the bound-params file, each through a handle of its own where the
+    framework's read copies (see `weights.read_tensor`: the pages stay in RSS otherwise), or
+    copied from the mapped file (`weights.mapped_reader`)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework=backend.safetensors_name) as handle:
+        if not backend.copies_on_read:
+            return {k: handle.get_tensor(k) for k in handle.keys()}
+        keys = list(handle.keys())
+    if backend.reads_mapped:
+        read = mapped_reader(path, backend)
+        return {k: read(k) for k in keys}
+    return {k: read_tensor(path, k, backend) for k in keys}
 
 
 #: Where the bound-params file's tensor data starts, in bytes.  Memory-mapped tensors keep

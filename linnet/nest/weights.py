@@ -12,7 +12,8 @@ The steps run in this order, and nothing reads tensor data before the last one:
    the entry's bindings (`entry_bindings`: its declared layout, or a bindings.json) and
    reports every problem in one error.
 4. `load_tensors` memory-maps the files with `safetensors.safe_open` and materialises each
-   parameter for numpy, PyTorch or JAX.
+   parameter for numpy or PyTorch; for JAX it maps each tensor's bytes itself and copies
+   them once into a JAX buffer (`mapped_reader`).
 
 Pickle checkpoints (`pytorch_model.bin`, `.pt`, ...) are refused, never opened: unpickling
 runs arbitrary code.  Frameworks and huggingface_hub are imported lazily, inside the
@@ -31,7 +32,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import codes, dtypes
 from ..arrays import Framework, framework as framework_named
@@ -608,19 +609,55 @@ def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend:
                dtype: str | None) -> dict[str, Any]:
     from safetensors import safe_open
 
-    # numpy's get_tensor copies out of the file's memory map, and the pages it read count in
-    # the process's RSS as long as the map is open: read through one handle, a checkpoint
-    # peaked at twice its size (bert-base: +854 MiB for 420 MiB of arrays).  A handle per
-    # tensor unmaps each one's pages once copied (+438 MiB).  torch's tensors are views of
-    # the map itself, so one handle serves them.
-    if backend.safetensors_name == "numpy":
-        def read(key: str):
-            with safe_open(str(file), framework="numpy") as own:
-                return own.get_tensor(key)
-
-        return _read_members(members, read, backend, dtype)
+    if backend.reads_mapped:
+        return _read_members(members, mapped_reader(file, backend), backend, dtype)
+    if backend.copies_on_read:
+        return _read_members(members, lambda key: read_tensor(file, key, backend), backend, dtype)
     with safe_open(str(file), framework=backend.safetensors_name) as handle:
         return _read_members(members, handle.get_tensor, backend, dtype)
+
+
+def mapped_reader(file: Path, backend: Framework) -> Callable[[str], Any]:
+    """A function key -> that tensor of `file` as `backend.from_mapped` copies it from a
+    numpy view of the file's bytes, mapped for that one tensor and unmapped after: one copy,
+    and no bytes object in between (safetensors' own flax reader makes one)."""
+    import numpy as np
+
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length).decode("utf-8"))  # read_index checked it already
+    data_start = 8 + length
+
+    def read(key: str):
+        entry = header[key]
+        start, end = entry["data_offsets"]
+        try:
+            dtype = dtypes.from_safetensors(entry["dtype"]).numpy_type()
+        except dtypes.UnknownDType:  # a stored-only dtype numpy lacks: safetensors' own reader
+            return read_tensor(file, key, backend)
+        if end == start:  # mmap cannot map zero bytes
+            return backend.from_mapped(np.zeros(entry["shape"], dtype))
+        raw = np.memmap(file, dtype=np.uint8, mode="r", offset=data_start + start, shape=(end - start,))
+        return backend.from_mapped(raw.view(dtype).reshape(entry["shape"]))
+
+    return read
+
+
+def read_tensor(file: Path, key: str, backend: Framework) -> Any:
+    """One tensor of `file` as an array of `backend` (one that `copies_on_read`), through a
+    handle of its own.
+
+    numpy's and JAX's get_tensor copy out of the file's memory map, and the pages a copy
+    read count in the process's RSS as long as the map is open: read through one handle, a
+    checkpoint peaked at twice its size (bert-base: +854 MiB for 420 MiB of numpy arrays,
+    +927 MiB of JAX arrays).  A handle per tensor unmaps each one's pages once copied
+    (+438 MiB, +482 MiB).  torch's tensors are views of the map itself, so one handle
+    serves them.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework=backend.safetensors_name) as own:
+        return own.get_tensor(key)
 
 
 def _read_members(members: list[tuple[ParamSpec, TensorInfo]], read, backend: Framework,
