@@ -124,6 +124,14 @@ def test_a_dim_too_large_for_the_float_it_is_cast_to_is_E0330(workspace, targets
     assert (outcome.status, outcome.codes) == ("error", ("E0330",)), outcome.detail
 
 
+@pytest.mark.parametrize("value", ["1" + "0" * 400, "1e999"])
+def test_a_real_generic_default_past_a_float_is_E0330(workspace, targets, value):
+    """Was: OverflowError from float() in the checker (hypothesis 6.170 found the integer)."""
+    # Every root block of the BERT source declares this default: one error for each.
+    outcome = run_bert(workspace, targets, source=[("HiddenDropout: Real = 0.1,", f"HiddenDropout: Real = {value},")])
+    assert outcome.status == "error" and set(outcome.codes) == {"E0330"}, outcome.detail
+
+
 def test_an_index_no_tensor_can_have_is_E0326(workspace, targets):
     """Was: OverflowError building an int64 Slice bound in the ONNX graph."""
     outcome = run_bert(workspace, targets, source=[("hidden[:, 0, :]", "hidden[:, 9223372036854775807, :]")])

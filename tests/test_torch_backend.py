@@ -236,8 +236,9 @@ def test_bf16_runs_close_to_f32(minilm_torch, minilm_checkpoint):
 
 
 def test_other_revision_not_cached_is_a_clear_offline_error(minilm_checkpoint):
-    message = _error(lambda: nest.load("all-minilm-l6-v2", revision="0" * 40))
-    assert "0" * 40 in message and "model.safetensors" in message
+    # Not the all-zero id: that one is the placeholder pin, refused with its own error (E1016).
+    message = _error(lambda: nest.load("all-minilm-l6-v2", revision="1" * 40))
+    assert "1" * 40 in message and "model.safetensors" in message
 
 
 def test_cuda_device_without_cuda_is_a_clear_error(minilm_checkpoint):

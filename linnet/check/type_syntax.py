@@ -5,6 +5,8 @@ Every function here reads only the syntax and the generics in scope (`scope`: na
 """
 from __future__ import annotations
 
+import math
+
 from ..front import ast
 from .. import codes
 from ..diagnostics import Note
@@ -91,16 +93,29 @@ def resolve_dtype_arg(node, kind: str, scope, what: str):
 
 def resolve_real_arg(node, scope, what: str):
     """A number passed to a `Real` generic: a literal (`0.1`, `0`), or a Real generic in scope."""
-    if isinstance(node, ast.FloatLit):
-        return float(node.value)
-    if isinstance(node, ast.DimInt):
-        return float(node.value)
+    if isinstance(node, (ast.FloatLit, ast.DimInt)):
+        return _finite_real(node, what)
     if isinstance(node, ast.DimName) and node.name in scope and scope[node.name].kind == REAL_KIND:
         return RealVar(node.name)
     known = scope.get(node.name) if isinstance(node, ast.DimName) else None
     found = f"`{node.name}`, a {known.kind} generic" if known else "an expression"
     fail(codes.BAD_REAL_ARGUMENT, f"{what} is Real and needs a number (`0.1`) or a Real generic, found {found}",
          node.span, *((Note(f"`{node.name}` is declared here", known.span),) if known else ()))
+
+
+def _finite_real(node, what: str) -> float:
+    """A literal's value as a Real (a 64-bit float); one past its range (`1e999`, an integer
+    of 400 digits) is an error here rather than an OverflowError or an infinity later."""
+    try:
+        value = float(node.value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        text = node.text if isinstance(node, ast.FloatLit) else str(node.value)
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
+        fail(codes.DTYPE_MISMATCH, f"{what} is Real (a 64-bit float), and {shown} is outside its range",
+             node.span, Note("the largest finite Real is about 1.8e308"))
+    return value
 
 
 def _shape(items: list, scope) -> tuple:
