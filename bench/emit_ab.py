@@ -294,21 +294,13 @@ def ab(path_a: Path, path_b: Path, rounds: int, calls: int, cpu_time: bool, chan
     for a while after its last call, and a block timed from its first call measured the second
     session of each round ~15% slower whichever it was (ViT, 2 cores).  A block's time is its
     fastest call; cpu_time: one intra-op thread, timed by its CPU time (`onnx_profile.ab`)."""
-    import statistics
     import time
-
-    import numpy as np
 
     from bench import onnx_profile
 
     clock = time.thread_time if cpu_time else time.perf_counter
     one = {"intra_op_num_threads": 1} if cpu_time else {}
-    sessions = {"a": onnx_profile.open_session(str(path_a), changes=one),
-                "b": onnx_profile.open_session(str(path_b), changes={**(changes_b or {}), **one})}
-    feeds = {k: onnx_profile.feeds_for(s) for k, s in sessions.items()}
-    outs = {k: [s.get_outputs()[0].name] for k, s in sessions.items()}
-    results = {k: s.run(outs[k], feeds[k])[0] for k, s in sessions.items()}
-    diff = float(np.max(np.abs(results["a"].astype(np.float64) - results["b"])))
+    sessions, feeds, outs, diff = onnx_profile.open_pair(str(path_a), str(path_b), one, {**(changes_b or {}), **one})
 
     def block(k: str) -> float:
         sessions[k].run(outs[k], feeds[k])
@@ -319,14 +311,7 @@ def ab(path_a: Path, path_b: Path, rounds: int, calls: int, cpu_time: bool, chan
             times.append(clock() - started)
         return min(times)
 
-    times = {"a": [], "b": []}
-    for r in range(rounds):
-        for k in (("a", "b") if r % 2 == 0 else ("b", "a")):
-            times[k].append(block(k))
-    ratios = [b / a for a, b in zip(times["a"], times["b"])]
-    return {"a_ms": 1e3 * statistics.median(times["a"]), "b_ms": 1e3 * statistics.median(times["b"]),
-            "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios], "max_abs_diff": diff,
-            "load": os.getloadavg()[0]}
+    return onnx_profile.alternate(block, rounds, diff)
 
 
 def main(argv: list[str] | None = None) -> int:

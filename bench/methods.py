@@ -24,7 +24,6 @@ says whether it runs one.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path

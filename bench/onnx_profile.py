@@ -122,17 +122,18 @@ def profile(paths: list[str], runs: int) -> dict[str, dict]:
     """Each file's trace summary; the files run alternately, one run each in turn, so a busy
     spell of a shared machine lands on all of them alike."""
     sessions = {}
-    for path in paths:
-        session = open_session(path, profile_prefix=tempfile.mkdtemp(prefix="ort-profile-") + "/trace")
-        feeds, out = feeds_for(session), [session.get_outputs()[0].name]
-        for _ in range(3):  # warm-up runs, left out of the summary
-            session.run(out, feeds)
-        sessions[path] = (session, out, feeds)
-    for _ in range(runs):
-        for session, out, feeds in sessions.values():
-            session.run(out, feeds)
-    return {path: summarise_trace(json.loads(Path(s.end_profiling()).read_text()), runs)
-            for path, (s, _, _) in sessions.items()}
+    with tempfile.TemporaryDirectory(prefix="ort-profile-") as traces:
+        for index, path in enumerate(paths):
+            session = open_session(path, profile_prefix=f"{traces}/trace{index}")
+            feeds, out = feeds_for(session), [session.get_outputs()[0].name]
+            for _ in range(3):  # warm-up runs, left out of the summary
+                session.run(out, feeds)
+            sessions[path] = (session, out, feeds)
+        for _ in range(runs):
+            for session, out, feeds in sessions.values():
+                session.run(out, feeds)
+        return {path: summarise_trace(json.loads(Path(s.end_profiling()).read_text()), runs)
+                for path, (s, _, _) in sessions.items()}
 
 
 def print_profile(name: str, summary: dict, runs: int) -> None:
@@ -220,24 +221,24 @@ def roofline(shapes: list[str], seconds_per_shape: float = 1.5, cpu_time: bool =
     clock = time.thread_time if cpu_time else time.perf_counter
 
     rows = []
-    folder = Path(tempfile.mkdtemp(prefix="ort-roofline-"))
-    for text in shapes:
-        batch, m, k, n = parse_shape(text)
-        path = folder / f"{text.replace(':', '_')}.onnx"
-        onnx.save(one_matmul_model(batch, m, k, n), str(path))
-        session = open_session(str(path), changes={"intra_op_num_threads": 1} if cpu_time else None)
-        feeds = feeds_for(session)
-        for _ in range(5):
-            session.run(None, feeds)
-        times, deadline = [], time.perf_counter() + seconds_per_shape
-        while time.perf_counter() < deadline or len(times) < 10:
-            t = clock()
-            session.run(None, feeds)
-            times.append(clock() - t)
-        best, med = min(times), statistics.median(times)
-        flops = 2.0 * max(batch, 1) * m * k * n
-        rows.append({"shape": text, "median_ms": med * 1e3, "best_ms": best * 1e3,
-                     "gflops_median": flops / med / 1e9, "gflops_best": flops / best / 1e9})
+    with tempfile.TemporaryDirectory(prefix="ort-roofline-") as folder:
+        for text in shapes:
+            batch, m, k, n = parse_shape(text)
+            path = Path(folder) / f"{text.replace(':', '_')}.onnx"
+            onnx.save(one_matmul_model(batch, m, k, n), str(path))
+            session = open_session(str(path), changes={"intra_op_num_threads": 1} if cpu_time else None)
+            feeds = feeds_for(session)
+            for _ in range(5):
+                session.run(None, feeds)
+            times, deadline = [], time.perf_counter() + seconds_per_shape
+            while time.perf_counter() < deadline or len(times) < 10:
+                t = clock()
+                session.run(None, feeds)
+                times.append(clock() - t)
+            best, med = min(times), statistics.median(times)
+            flops = 2.0 * max(batch, 1) * m * k * n
+            rows.append({"shape": text, "median_ms": med * 1e3, "best_ms": best * 1e3,
+                         "gflops_median": flops / med / 1e9, "gflops_best": flops / best / 1e9})
     return rows
 
 
@@ -258,6 +259,30 @@ def _timed_calls(session, out, feeds, calls: int, clock=time.perf_counter) -> fl
     return (clock() - start) / calls
 
 
+def open_pair(path_a: str, path_b: str, changes_a: dict | None, changes_b: dict | None):
+    """Sessions, feeds and output names for A and B, and max |B - A| of their first outputs."""
+    sessions = {"a": open_session(path_a, changes=changes_a), "b": open_session(path_b, changes=changes_b)}
+    feeds = {k: feeds_for(s) for k, s in sessions.items()}  # two exports may name their inputs apart
+    outs = {k: [s.get_outputs()[0].name] for k, s in sessions.items()}
+    results = {k: s.run(outs[k], feeds[k])[0] for k, s in sessions.items()}
+    diff = float(np.max(np.abs(results["a"].astype(np.float64) - results["b"]))) if results["a"].shape == \
+        results["b"].shape else float("inf")
+    return sessions, feeds, outs, diff
+
+
+def alternate(block, rounds: int, max_abs_diff: float) -> dict:
+    """Times `block("a")` and `block("b")` once per round, the two taking turns at going first,
+    so a busy spell lands on both; the summary is the median of each and of the ratios B / A."""
+    times = {"a": [], "b": []}
+    for r in range(rounds):
+        for k in (("a", "b") if r % 2 == 0 else ("b", "a")):
+            times[k].append(block(k))
+    ratios = [b / a for a, b in zip(times["a"], times["b"])]
+    return {"a_ms": 1e3 * statistics.median(times["a"]), "b_ms": 1e3 * statistics.median(times["b"]),
+            "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+            "max_abs_diff": max_abs_diff, "load": os.getloadavg()[0]}
+
+
 def ab(path_a: str, path_b: str, rounds: int, calls: int, changes_a: dict | None = None,
        changes_b: dict | None = None, cpu_time: bool = False) -> dict:
     """Median over rounds of time(B) / time(A), A and B alternating first; also max |B - A|.
@@ -270,22 +295,10 @@ def ab(path_a: str, path_b: str, rounds: int, calls: int, changes_a: dict | None
     if cpu_time:
         changes_a = {**(changes_a or {}), "intra_op_num_threads": 1}
         changes_b = {**(changes_b or {}), "intra_op_num_threads": 1}
-    sessions = {"a": open_session(path_a, changes=changes_a), "b": open_session(path_b, changes=changes_b)}
-    feeds = {k: feeds_for(s) for k, s in sessions.items()}  # two exports may name their inputs apart
-    outs = {k: [s.get_outputs()[0].name] for k, s in sessions.items()}
-    results = {k: s.run(outs[k], feeds[k])[0] for k, s in sessions.items()}
-    diff = float(np.max(np.abs(results["a"].astype(np.float64) - results["b"]))) if results["a"].shape == \
-        results["b"].shape else float("inf")
+    sessions, feeds, outs, diff = open_pair(path_a, path_b, changes_a, changes_b)
     for k, s in sessions.items():
         _timed_calls(s, outs[k], feeds[k], 2)
-    times = {"a": [], "b": []}
-    for r in range(rounds):
-        for k in (("a", "b") if r % 2 == 0 else ("b", "a")):
-            times[k].append(_timed_calls(sessions[k], outs[k], feeds[k], calls, clock))
-    ratios = [b / a for a, b in zip(times["a"], times["b"])]
-    return {"a_ms": 1e3 * statistics.median(times["a"]), "b_ms": 1e3 * statistics.median(times["b"]),
-            "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios], "max_abs_diff": diff,
-            "load": os.getloadavg()[0]}
+    return alternate(lambda k: _timed_calls(sessions[k], outs[k], feeds[k], calls, clock), rounds, diff)
 
 
 def main(argv: list[str] | None = None) -> int:

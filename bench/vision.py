@@ -76,7 +76,10 @@ class OnnxReference(TransformersVit):
         import torch
 
         super().load()
-        path = Path(tempfile.mkdtemp(prefix="vit-onnx-")) / "model.onnx"
+        # Kept on the method so the export (~330 MiB) lives as long as its session and is
+        # removed with it, not left behind in /tmp by every bench run.
+        self._export_dir = tempfile.TemporaryDirectory(prefix="vit-onnx-")
+        path = Path(self._export_dir.name) / "model.onnx"
         example = torch.zeros(1, 3, self.size, self.size)
         torch.onnx.export(self.model, (example,), str(path), input_names=["pixel_values"], output_names=["logits"],
                           dynamic_axes={"pixel_values": {0: "B"}, "logits": {0: "B"}}, dynamo=False)

@@ -76,3 +76,8 @@ def test_a_rewrite_computes_what_the_export_does(small_vit_export, rewrite, site
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
         None, {"images": images})[0]
     assert np.abs(run(model) - run(original)).max() <= 1e-5
+
+
+def test_ab_of_an_export_with_itself_is_exact(small_vit_export):
+    result = emit_ab.ab(small_vit_export, small_vit_export, rounds=2, calls=1, cpu_time=True)
+    assert result["max_abs_diff"] == 0.0 and len(result["ratios"]) == 2 and result["ratio"] > 0

@@ -21,9 +21,11 @@ private offline cache first.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -309,9 +311,17 @@ def run_load(served: ServedModel, requests: int = 200, concurrency: int = 8, see
     return report
 
 
+def _temporary_folder(prefix: str) -> str:
+    """A fresh folder under the temp dir, removed at exit so load runs leave nothing behind."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def _install_fixture() -> None:
     """Point huggingface_hub at a private offline cache holding the packaged MiniLM copy."""
-    home = tempfile.mkdtemp(prefix="linnet-load-hf-")
+    # Removed when the process exits (see main), like the run's own cache.
+    home = _temporary_folder("linnet-load-hf-")
     os.environ["HF_HOME"] = home
     os.environ["HF_HUB_OFFLINE"] = "1"
     tests = Path(__file__).resolve().parents[2] / "tests"
@@ -338,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.install_fixture:
         _install_fixture()
-    os.environ.setdefault("LINNET_CACHE", tempfile.mkdtemp(prefix="linnet-load-cache-"))
+    if "LINNET_CACHE" not in os.environ:
+        os.environ["LINNET_CACHE"] = _temporary_folder("linnet-load-cache-")
     with tempfile.TemporaryDirectory(prefix="linnet-load-") as work:
         with ServedModel(args.model, Path(work), runtime=args.runtime) as served:
             print(f"{args.runtime} layout: server ready in {served.server.start_seconds:.1f} s; sending {args.requests} requests, "
