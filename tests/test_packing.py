@@ -12,6 +12,8 @@ packed across; a cumsum or an unmasked mean over the tokens is not.
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -345,7 +347,8 @@ def triton_repos(minilm_checkpoint, tmp_path_factory):
         assert main(["export-triton", "all-minilm-l6-v2", "-o", str(root / layout), "--runtime", runtime,
                      *flags]) == 0
         repos[layout] = root / layout
-    return repos
+    yield repos
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _served_graphs(repo, layout: str) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -535,6 +536,7 @@ def served(request, tmp_path_factory, triton_tools):
         yield Served(server, runtime, figures)
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)  # ~1-2.5 GB of exports; the suite's disk is finite
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ batch-led tensors of `forward`.
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from fixtures.gpt2 import write_synthetic_gpt2
@@ -67,6 +69,7 @@ def server(request, tmp_path_factory, triton_tools, checkpoints):  # noqa: F811 
         pytest.fail(str(exc), pytrace=False)
     yield served
     served.stop()
+    shutil.rmtree(root, ignore_errors=True)  # ~1 GB of exports; the suite's disk is finite
 
 
 @pytest.fixture
