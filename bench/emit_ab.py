@@ -311,7 +311,7 @@ def ab(path_a: Path, path_b: Path, rounds: int, calls: int, cpu_time: bool, chan
             times.append(clock() - started)
         return min(times)
 
-    return onnx_profile.alternate(block, rounds, diff)
+    return {**onnx_profile.alternate(block, rounds), "max_abs_diff": diff}
 
 
 def main(argv: list[str] | None = None) -> int:

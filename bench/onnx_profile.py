@@ -270,7 +270,7 @@ def open_pair(path_a: str, path_b: str, changes_a: dict | None, changes_b: dict 
     return sessions, feeds, outs, diff
 
 
-def alternate(block, rounds: int, max_abs_diff: float) -> dict:
+def alternate(block, rounds: int) -> dict:
     """Times `block("a")` and `block("b")` once per round, the two taking turns at going first,
     so a busy spell lands on both; the summary is the median of each and of the ratios B / A."""
     times = {"a": [], "b": []}
@@ -280,7 +280,7 @@ def alternate(block, rounds: int, max_abs_diff: float) -> dict:
     ratios = [b / a for a, b in zip(times["a"], times["b"])]
     return {"a_ms": 1e3 * statistics.median(times["a"]), "b_ms": 1e3 * statistics.median(times["b"]),
             "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
-            "max_abs_diff": max_abs_diff, "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0]}
 
 
 def ab(path_a: str, path_b: str, rounds: int, calls: int, changes_a: dict | None = None,
@@ -298,7 +298,8 @@ def ab(path_a: str, path_b: str, rounds: int, calls: int, changes_a: dict | None
     sessions, feeds, outs, diff = open_pair(path_a, path_b, changes_a, changes_b)
     for k, s in sessions.items():
         _timed_calls(s, outs[k], feeds[k], 2)
-    return alternate(lambda k: _timed_calls(sessions[k], outs[k], feeds[k], calls, clock), rounds, diff)
+    return {**alternate(lambda k: _timed_calls(sessions[k], outs[k], feeds[k], calls, clock), rounds),
+            "max_abs_diff": diff}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,7 +76,7 @@ class OnnxReference(TransformersVit):
         import torch
 
         super().load()
-        # Kept on the method so the export (~330 MiB) lives as long as its session and is
+        # Kept on the instance so the export (~330 MiB) lives as long as its session and is
         # removed with it, not left behind in /tmp by every bench run.
         self._export_dir = tempfile.TemporaryDirectory(prefix="vit-onnx-")
         path = Path(self._export_dir.name) / "model.onnx"

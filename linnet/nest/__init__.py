@@ -35,8 +35,8 @@ from ..runtime import InputValidator
 from .layouts import LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index, read_tensor,
-                      mapped_reader, verify_bindings)
+from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index, tensor_reader,
+                      verify_bindings)
 
 __all__ = ["load", "list", "list_entries", "load_tokenizer", "save", "Model", "Tokenizer", "cache_dir"]
 
@@ -426,19 +426,13 @@ def _bound_loader(manifest: Manifest, optimized, original, files: list[Path], ke
 
 
 def _read_bound(path: Path, backend) -> dict:
-    """Every tensor of the bound-params file, each through a handle of its own where the
-    framework's read copies (see `weights.read_tensor`: the pages stay in RSS otherwise), or
-    copied from the mapped file (`weights.mapped_reader`)."""
+    """Every tensor of the bound-params file, read as the checkpoint's are (`tensor_reader`)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework=backend.safetensors_name) as handle:
-        if not backend.copies_on_read:
-            return {k: handle.get_tensor(k) for k in handle.keys()}
+    with safe_open(str(path), framework="numpy") as handle:
         keys = list(handle.keys())
-    if backend.reads_mapped:
-        read = mapped_reader(path, backend)
+    with tensor_reader(path, backend) as read:
         return {k: read(k) for k in keys}
-    return {k: read_tensor(path, k, backend) for k in keys}
 
 
 #: Where the bound-params file's tensor data starts, in bytes.  Memory-mapped tensors keep

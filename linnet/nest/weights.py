@@ -30,9 +30,10 @@ import json
 import logging
 import os
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .. import codes, dtypes
 from ..arrays import Framework, framework as framework_named
@@ -607,14 +608,24 @@ def _group_by_file(params: list[ParamSpec], report: BindingReport
 
 def _read_file(file: Path, members: list[tuple[ParamSpec, TensorInfo]], backend: Framework,
                dtype: str | None) -> dict[str, Any]:
+    with tensor_reader(file, backend) as read:
+        return _read_members(members, read, backend, dtype)
+
+
+@contextmanager
+def tensor_reader(file: Path, backend: Framework) -> Iterator[Callable[[str], Any]]:
+    """A function key -> that tensor of `file` as an array of `backend`, read the way that
+    backend's arrays cost least memory: copied once from a per-tensor map (`mapped_reader`),
+    through a handle per tensor (`read_tensor`), or as views through one open handle."""
     from safetensors import safe_open
 
     if backend.reads_mapped:
-        return _read_members(members, mapped_reader(file, backend), backend, dtype)
-    if backend.copies_on_read:
-        return _read_members(members, lambda key: read_tensor(file, key, backend), backend, dtype)
-    with safe_open(str(file), framework=backend.safetensors_name) as handle:
-        return _read_members(members, handle.get_tensor, backend, dtype)
+        yield mapped_reader(file, backend)
+    elif backend.copies_on_read:
+        yield lambda key: read_tensor(file, key, backend)
+    else:
+        with safe_open(str(file), framework=backend.safetensors_name) as handle:
+            yield handle.get_tensor
 
 
 def mapped_reader(file: Path, backend: Framework) -> Callable[[str], Any]:

@@ -320,7 +320,6 @@ def _temporary_folder(prefix: str) -> str:
 
 def _install_fixture() -> None:
     """Point huggingface_hub at a private offline cache holding the packaged MiniLM copy."""
-    # Removed when the process exits (see main), like the run's own cache.
     home = _temporary_folder("linnet-load-hf-")
     os.environ["HF_HOME"] = home
     os.environ["HF_HUB_OFFLINE"] = "1"
