@@ -364,13 +364,13 @@ HF_CONFIG_NOT_OBJECT: Final = _register("E1102", "hf-config-not-object", "hf",
 HF_CONFIG_FIELD: Final = _register("E1103", "hf-config-field", "hf",
     "`hf:`: the repo's `config.json` lacks a field it needs (sizes, `model_type`, `architectures`), "
     "or gives one a value of the wrong type")
-HF_MODEL_TYPE: Final = _register("E1104", "hf-model-type", "hf", "`hf:`: the repo's `model_type` is not `bert`")
+HF_MODEL_TYPE: Final = _register("E1104", "hf-model-type", "hf",
+    "`hf:` or a folder: the repo's `model_type` is not one a zoo source reads (`linnet.nest.families`)")
 HF_ARCHITECTURE: Final = _register("E1105", "hf-architecture", "hf",
-    "`hf:`: the repo's `architectures[0]` is not one of the `BertModel`/`BertFor*` classes it builds")
+    "`hf:` or a folder: the repo's `architectures[0]` is not one of the transformers classes its family builds")
 HF_UNSUPPORTED_CONFIG: Final = _register("E1106", "hf-unsupported-config", "hf",
-    "`hf:`: the config asks for what the BERT source does not compute (`hidden_act` other than "
-    "`gelu`, non-absolute positions, another `layer_norm_eps`, a decoder, heads that do not divide "
-    "`hidden_size`, a QA head without two labels)")
+    "`hf:` or a folder: the config asks for what the family's source does not compute (an activation it "
+    "lacks, relative positions, a decoder, heads that do not divide the width, a QA head without two labels)")
 HF_BAD_SHARD_INDEX: Final = _register("E1107", "hf-bad-shard-index", "hf",
     "`hf:`: the repo's `model.safetensors.index.json` is not a valid shard index")
 HF_UNTIED_DECODER: Final = _register("E1108", "hf-untied-decoder", "hf",
@@ -378,6 +378,15 @@ HF_UNTIED_DECODER: Final = _register("E1108", "hf-untied-decoder", "hf",
 HF_BINDINGS_UNWRITABLE: Final = _register("E1109", "hf-bindings-unwritable", "hf",
     "`hf:`: the generated bindings cannot be written (neither the Linnet cache nor the temporary "
     "folder is writable)")
+NOT_A_MODEL_FOLDER: Final = _register("E1110", "not-a-model-folder", "hf",
+    "`nest.load(folder)`: the folder holds neither a zoo entry's `nest.toml` nor a transformers "
+    "`config.json` (or a sentence-transformers `modules.json`)")
+UNSUPPORTED_PIPELINE_MODULE: Final = _register("E1111", "unsupported-pipeline-module", "hf",
+    "a sentence-transformers `modules.json` names a module Linnet cannot run (a custom class, `CNN`, "
+    "`LSTM`, `WordWeights`, ...) or a setting of one it can (an activation, another input or output)")
+BAD_PIPELINE_FILE: Final = _register("E1112", "bad-pipeline-file", "hf",
+    "a sentence-transformers file (`modules.json`, a module's `config.json`, "
+    "`sentence_bert_config.json`, `config_sentence_transformers.json`) is unreadable or malformed")
 
 # -- tokenizer: building and calling tokenizers (nest/tokenizer.py)
 BAD_TOKENIZER_FILE: Final = _register("E1201", "bad-tokenizer-file", "tokenizer",

@@ -43,7 +43,7 @@ def load_program(target: Target, sources: SourceMap | None = None) -> Program:
     if target.kind == "package":
         return load_package(target.path, sources=sources)
     manifest = target.manifest
-    return load_package(manifest.source_dir(), manifest.source_file(), sources)
+    return load_package(manifest.source_dir(), manifest.source_file(), sources, client=manifest.source.client)
 
 
 def compile_target(target: Target, overrides: dict[str, int | str] | None = None,

@@ -28,8 +28,10 @@ from fixtures.hf_checkpoints import (
 )
 from fixtures.parity import max_diff
 from linnet import nest
+from linnet import ops
 from linnet.diagnostics import LinnetError
 from linnet.nest import hf
+from linnet.nest.families import bert as bert_family
 
 TOLERANCE = 1e-5
 BATCH, SEQ, CHOICES = 2, 12, 3
@@ -123,7 +125,7 @@ def _as_numpy(value) -> np.ndarray:
 def test_every_head_matches_transformers(repos, arch, backend):
     repo = repos[arch]
     model = nest.load(repo.name, backend=backend)
-    assert model.manifest.source.root == hf.ARCHITECTURES[arch]
+    assert model.manifest.source.root == bert_family.BertFamily.architectures[arch]
     pairs = _head_pairs(arch, model, repo.model)
     for head, (ours, theirs) in pairs.items():
         ours, theirs = _as_numpy(ours), _as_numpy(theirs)
@@ -354,8 +356,8 @@ def activation_repos(hf_cache):
 def test_every_supported_hidden_act_matches_transformers(activation_repos, act, backend):
     repo = activation_repos[act]
     model = nest.load(repo.name, backend=backend)
-    expected_kind = hf.HIDDEN_ACTS[act]
-    assert model.manifest.generics["HiddenAct"] == list(hf.ops.ACTIVATIONS).index(expected_kind)
+    expected_kind = bert_family.HIDDEN_ACTS[act]
+    assert model.manifest.generics["HiddenAct"] == list(ops.ACTIVATIONS).index(expected_kind)
     inputs = _inputs((BATCH, SEQ), seed=3)
     mask = inputs["attention_mask"]
     ours, theirs = _real(_as_numpy(model.mlm(**inputs)), mask), _real(_reference(repo.model, inputs).logits, mask)
@@ -411,7 +413,7 @@ def test_unknown_architecture_lists_the_supported_ones(hf_cache):
     repo = _config_repo(hf_cache, "lm-head", architectures=["BertLMHeadModel"])
     text = raises("E1105", nest.load, repo.name).render()
     assert 'names architecture "BertLMHeadModel", which hf: cannot build' in text
-    assert "supported architectures: " + ", ".join(ARCHITECTURES) in text
+    assert "supported BERT architectures: " + ", ".join(ARCHITECTURES) in text
 
 
 def test_missing_architectures_is_a_missing_field(hf_cache):
@@ -422,7 +424,7 @@ def test_missing_architectures_is_a_missing_field(hf_cache):
 def test_another_model_type_is_refused(hf_cache):
     repo = _config_repo(hf_cache, "roberta", model_type="roberta")
     text = raises("E1104", nest.load, repo.name).render()
-    assert 'model_type "roberta"' in text and 'BERT models only (model_type "bert")' in text
+    assert 'model_type "roberta", which no Linnet source reads' in text and '"bert"' in text
 
 
 @pytest.mark.parametrize("field, value, says", [
@@ -430,7 +432,6 @@ def test_another_model_type_is_refused(hf_cache):
                                 '"gelu_pytorch_tanh", "relu", "silu", "swish" only'),
     ("hidden_act", "mish", 'hidden_act = "mish"'),
     ("position_embedding_type", "relative_key", 'position_embedding_type = "relative_key"'),
-    ("layer_norm_eps", 1e-5, "layer_norm_eps = 1e-05; the BERT source's LayerNorm uses 1e-12"),
     ("is_decoder", True, "is_decoder = true"),
     ("add_cross_attention", True, "add_cross_attention = true"),
     ("num_attention_heads", 5, "hidden_size 64, which 5 attention heads cannot share equally"),
@@ -440,13 +441,18 @@ def test_what_the_source_cannot_compute_is_refused(hf_cache, field, value, says)
     assert says in raises("E1106", nest.load, repo.name).render()
 
 
-def test_the_epsilon_compared_is_the_sources_constant():
-    from linnet.nest.manifest import load_manifest
-
-    source = load_manifest(hf.SOURCE_ENTRY)
-    text = source.source_file().read_text()
-    assert re.search(r"const EPS: f32 = 1e-12\b", text)
-    assert hf.source_eps(source) == 1e-12
+def test_layer_norm_eps_is_the_configs(hf_cache):
+    """`layer_norm_eps` becomes the source's `Eps` generic: another epsilon loads and runs
+    with it (outputs compared with transformers), a non-positive one is refused."""
+    repo = write_transformers_repo(hf_cache, "linnet-tests/eps-1e-5", "BertModel", seed=41, layer_norm_eps=1e-5)
+    model = nest.load(repo.name, backend="torch")
+    assert model.manifest.generics["Eps"] == 1e-5
+    inputs = _inputs((BATCH, SEQ), seed=4)
+    mask = inputs["attention_mask"]
+    assert max_diff(_real(_as_numpy(model.forward(**inputs)), mask),
+                    _real(_reference(repo.model, inputs).last_hidden_state, mask)) <= TOLERANCE
+    bad = _config_repo(hf_cache, "eps-negative", layer_norm_eps=-1.0)
+    assert "`layer_norm_eps` must be a positive number" in raises("E1103", nest.load, bad.name).render()
 
 
 def test_a_missing_checkpoint_key_is_named(hf_cache):

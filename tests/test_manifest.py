@@ -146,9 +146,9 @@ def test_unknown_entry_lists_the_known_ones():
 
 
 def test_folder_without_nest_toml_is_not_an_entry(tmp_path):
-    with pytest.raises(LinnetError, match="has no nest.toml") as caught:
+    with pytest.raises(LinnetError, match="holds none of nest.toml, modules.json, config.json") as caught:
         find_entry(tmp_path)
-    assert caught.value.code == "E0901"
+    assert caught.value.code == "E1110"
 
 
 # --------------------------------------------------------------------------- nest.toml mistakes

@@ -59,7 +59,8 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["split_heads", "span_loss"]
     model = blocks["Model"]
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
-                                                "Layers", "T", "HiddenDropout", "AttentionDropout", "HiddenAct"]
+                                                "Layers", "T", "HiddenDropout", "AttentionDropout", "HiddenAct",
+                                                "Eps"]
     assert [g.kind for g in model.generics][-3:] == ["Real", "Real", "Real"]
     assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
                                                                          ("hidden_states", True, True),

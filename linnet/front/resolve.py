@@ -188,11 +188,19 @@ def read_package_name(package_dir: Path) -> str:
 
 
 def load_package(package_dir: Path, source_path: Path | None = None,
-                 sources: SourceMap | None = None) -> Program:
-    """Resolve a package from its folder; the root module is `source_path` or `src/lib.linnet`."""
+                 sources: SourceMap | None = None, *, client: Path | None = None) -> Program:
+    """Resolve a package from its folder; the root module is `source_path` or `src/lib.linnet`.
+
+    client: a module file outside the package that imports it (`use bert::{Encoder}`), such
+    as the block `linnet.nest.sentence` writes for a sentence-transformers pipeline; it becomes
+    the root, under the name its `module` line declares (else its file name), and finds the
+    package's modules as the package's own files do.
+    """
     name = read_package_name(package_dir)
     root_file = source_path or package_dir / "src" / "lib.linnet"
     resolver = Resolver(_Locator(name, root_file.parent), sources)
+    if client is not None:
+        return resolver.finish([resolver.load(None, client)])
     root = resolver.load(name, root_file)
     return resolver.finish([root])
 

@@ -115,7 +115,11 @@ class Model:
         return self._preprocessor(images)
 
     def _beside(self) -> Path | None:
-        """The folder the checkpoint was read from, where its config files often are too."""
+        """The folder the model's config files were read from (`hf:` and folders), else the
+        one its checkpoint was read from, where they often are too."""
+        local = getattr(self.manifest, "local_files", None)
+        if local is not None:
+            return local
         return self.info.files[0].parent if self.info.files else None
 
     @property
@@ -261,7 +265,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
     checkpoint and applies the optimisation's param plan once.
     """
     started = time.perf_counter()
-    manifest, revision = _manifest(name_or_path, revision, weights)
+    manifest, revision, weights = _manifest(name_or_path, revision, weights)
     if manifest.weights is None and need_weights:
         raise LinnetError(Diagnostic(codes.ENTRY_WITHOUT_WEIGHTS,
                                      f"{manifest.name} declares no [weights] in nest.toml, so there is "
@@ -280,7 +284,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
         params = list(compiled.params)
         located = locate_checkpoint(manifest, revision=revision, weights=weights)
         files = located.files
-        index = read_index(files)
+        index = read_index(files, located.names)
         info.files, info.source, info.origin = files, located.description, located.origin
         bindings, info.report = _verified_bindings(manifest, params, files, index, key, cast_floats=dtype is not None)
         ctx.weights_identity = _files_key(files, sorted(bindings.items()))
@@ -295,16 +299,26 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
 
 
 def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
-              weights: str | Path | None) -> tuple[Manifest, str | None]:
-    """The entry's manifest, and the revision still to fetch its checkpoint at: an `hf:` name
-    is built from its repo at `revision`, which pins the checkpoint's commit, so none is left."""
+              weights: str | Path | None) -> tuple[Manifest, str | None, str | Path | None]:
+    """The entry's manifest, the revision still to fetch its checkpoint at, and the local
+    checkpoint to bind instead: an `hf:` name is built from its repo at `revision`, which
+    pins the checkpoint's commit, so none is left; a saved model's folder is its own
+    checkpoint."""
     if isinstance(name_or_path, Manifest):
-        return name_or_path, revision
+        return name_or_path, revision, weights
     if isinstance(name_or_path, str) and name_or_path.startswith("hf:"):
         from .hf import hf_manifest
 
-        return hf_manifest(name_or_path, revision=revision, weights=weights), None
-    return load_manifest(name_or_path), revision
+        return hf_manifest(name_or_path, revision=revision, weights=weights), None, weights
+    from .hf import folder_manifest, is_model_folder
+
+    if is_model_folder(name_or_path):
+        if revision is not None:
+            raise LinnetError(Diagnostic(codes.BAD_INPUT, f"revision={revision!r} names a Hub commit, but "
+                                         f"{name_or_path} is a local folder, which has one version"))
+        manifest = folder_manifest(name_or_path, weights=weights)
+        return manifest, None, weights if weights is not None else Path(name_or_path).resolve()
+    return load_manifest(name_or_path), revision, weights
 
 
 def _compile(manifest: Manifest, dtype: str | None, overrides: dict | None, optimize: tuple[str, ...],
@@ -492,6 +506,8 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
         source = manifest.source_manifest()
         for folder in (source.dir, std_dir()):
             files += sorted(folder.rglob("*.linnet")) + sorted(folder.glob("*.toml"))
+        if manifest.source.client is not None:
+            files.append(manifest.source.client)
         for file in files:
             digest.update(str(file).encode() + b"\0" + file.read_bytes() + b"\0")
     except (OSError, LinnetError):
@@ -561,7 +577,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     module = integration(backend)
     options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels,
                                                      "share_weights": share_weights})
-    manifest, revision = _manifest(name_or_path, revision, weights)
+    manifest, revision, weights = _manifest(name_or_path, revision, weights)
     # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
     # module; every pass when it does not say).
     passes = backend_passes(backend, module, optimize, packing)

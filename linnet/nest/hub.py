@@ -49,6 +49,10 @@ class Located:
     origin: str
     #: A phrase for people: "the Hugging Face cache (/root/.cache/huggingface/hub)".
     description: str
+    #: Each file's name inside its repo or folder ("2_Dense/model.safetensors"), when known:
+    #: a file in a sub-folder holds one module's tensors, whose keys `read_index` files
+    #: under that folder ("2_Dense/linear.weight"), so two modules' `linear.weight` never clash.
+    names: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------- the HF cache

@@ -86,6 +86,10 @@ class SourceSpec:
     zoo: str | None
     root: str
     entry: str
+    #: A module file outside the package that imports it and holds `root`: the block
+    #: `linnet.nest.sentence` writes for a sentence-transformers pipeline over a zoo source.
+    #: Never read from a nest.toml.
+    client: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,9 @@ class TokenizerSpec:
     lowercase: bool | None
     #: "right", "left", or None (the tokenizer's default, right).
     padding_side: str | None = None
+    #: Tokens per text the tokenizer truncates to; None: the entry's MaxPositions.  Set by
+    #: `hf:` from a sentence-transformers `max_seq_length`, never read from a nest.toml.
+    max_length: int | None = None
 
     @property
     def kind(self) -> str:
@@ -248,7 +255,10 @@ def find_entry(name_or_path: str | Path) -> Path:
         if (in_zoo / NEST_TOML).is_file():
             return in_zoo
     if candidate.is_dir():
-        raise error(codes.UNKNOWN_ZOO_ENTRY, f"folder {candidate} has no {NEST_TOML}, so it is not a zoo entry")
+        raise error(codes.NOT_A_MODEL_FOLDER,
+                    f"folder {candidate} is not a model: it holds none of {NEST_TOML}, modules.json, config.json",
+                    None, Note(f"{NEST_TOML} makes a folder a zoo entry; config.json (transformers' save_pretrained) "
+                               f"or modules.json (sentence-transformers' save) makes it a saved model"))
     raise _unknown_entry(str(name_or_path), known_entries())
 
 

@@ -24,6 +24,7 @@ the batching, truncation, padding and input checks, each with its own message.
 """
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -351,15 +352,39 @@ def for_entry(manifest: Manifest, beside: Path | None = None, fields: Sequence[s
     else:
         path = fetch_file(weights.repo, spec.files[0], weights.revision, what="tokenizer file",
                          instead=_FROM_FILE_HINT)
-    max_length = manifest.generics.get("MaxPositions")
+    max_length = spec.max_length or manifest.generics.get("MaxPositions")
     max_length = max_length if isinstance(max_length, int) else None
     name = manifest.name
     if spec.kind == "json":
         generation = getattr(manifest, "generation", None)
-        return Tokenizer.from_json(path, max_length=max_length, name=name, fields=fields,
-                                   padding_side=spec.padding_side or "right",
-                                   fallback_pad_id=generation.eos_token_id if generation else None)
+        tokenizer = Tokenizer.from_json(path, max_length=max_length, name=name, fields=fields,
+                                        padding_side=spec.padding_side or "right",
+                                        fallback_pad_id=generation.eos_token_id if generation else None)
+        if spec.lowercase:  # a sentence-transformers `do_lower_case` over the file's own pipeline
+            lowercase_first(tokenizer.backend)
+        return tokenizer
     return Tokenizer.from_vocab(path, lowercase=bool(spec.lowercase), max_length=max_length, name=name)
+
+
+def lowercase_first(backend) -> None:
+    """Lower-case text before `backend`'s own normalizer, unless that already lower-cases (as
+    sentence-transformers does for `do_lower_case`)."""
+    from tokenizers import normalizers
+
+    current = backend.normalizer
+    if current is not None and _lowercases(json.loads(backend.to_str()).get("normalizer")):
+        return
+    backend.normalizer = normalizers.Sequence([normalizers.Lowercase()] + ([current] if current is not None else []))
+
+
+def _lowercases(spec) -> bool:
+    """Whether a tokenizer.json normalizer (as JSON) lower-cases."""
+    if not isinstance(spec, dict):
+        return False
+    kind = spec.get("type")
+    if kind == "Lowercase" or (kind == "BertNormalizer" and spec.get("lowercase", True)):
+        return True
+    return kind == "Sequence" and any(_lowercases(part) for part in spec.get("normalizers", []))
 
 
 

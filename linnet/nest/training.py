@@ -303,7 +303,7 @@ def _read(info) -> np.ndarray:
     from safetensors import safe_open
 
     with safe_open(str(info.file), framework="numpy") as handle:
-        return handle.get_tensor(info.key)
+        return handle.get_tensor(info.file_key)
 
 
 def _copy_beside(files: list[Path], folder: Path) -> None:

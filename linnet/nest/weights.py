@@ -31,8 +31,8 @@ import logging
 import os
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator
 
 from .. import codes, dtypes
@@ -69,6 +69,14 @@ class TensorInfo:
     file: Path
     dtype: str
     shape: tuple[int, ...]
+    #: The key inside `file`, where the index files it under another (`read_index`'s
+    #: namespaces: "linear.weight" of 2_Dense/model.safetensors is "2_Dense/linear.weight").
+    stored_key: str | None = None
+
+    @property
+    def file_key(self) -> str:
+        """The name to read the tensor by from its file."""
+        return self.stored_key or self.key
 
     @property
     def nbytes(self) -> int:
@@ -134,14 +142,17 @@ def locate_checkpoint(manifest: Manifest, *, revision: str | None = None,
     revision's and not a user's own checkpoint.
     """
     if weights is not None:
-        return Located(_local_files(Path(weights), manifest.weights), "weights=", f"weights={weights}")
+        files = _local_files(Path(weights), manifest.weights)
+        names = tuple(file.relative_to(weights).as_posix() for file in files) if Path(weights).is_dir() else None
+        return Located(files, "weights=", f"weights={weights}", names)
     spec = _declared_weights(manifest)
     wanted = revision or spec.revision
     pinned = wanted == spec.revision
     located = _from_cache(spec, wanted) or (_from_package(spec) if pinned else None)
     if located is None:
         located = Located([fetch_file(spec.repo, name, wanted) for name in spec.files], "hub",
-                          f"the Hub ({spec.repo}@{wanted[:12]}), through the Hugging Face cache ({hub_cache_dir()})")
+                          f"the Hub ({spec.repo}@{wanted[:12]}), through the Hugging Face cache ({hub_cache_dir()})",
+                          spec.files)
     if pinned and located.origin != "package":  # a packaged copy was verified as it was chosen
         _verify_pins(spec, located.files, f"{spec.repo}@{wanted[:12]}")
     return located
@@ -151,7 +162,7 @@ def _from_cache(spec: WeightsSpec, revision: str) -> Located | None:
     files = cached_files(spec, revision)
     if files is None:
         return None
-    return Located(files, "cache", f"the Hugging Face cache ({hub_cache_dir()})")
+    return Located(files, "cache", f"the Hugging Face cache ({hub_cache_dir()})", spec.files)
 
 
 def _from_package(spec: WeightsSpec) -> Located | None:
@@ -162,7 +173,7 @@ def _from_package(spec: WeightsSpec) -> Located | None:
     _verify_pins(spec, files, description, damaged=f"reinstall {spec.package.distribution}")
     log.info("the Hugging Face cache lacks %s@%s; using %s (sha256 verified)", spec.repo,
              spec.revision[:12], description)
-    return Located(files, "package", description)
+    return Located(files, "package", description, spec.files)
 
 
 def _verify_pins(spec: WeightsSpec, files: list[Path], what: str,
@@ -238,16 +249,32 @@ def _verify_sha256(path: Path, expected: str, what: str,
 # --------------------------------------------------------------------------- headers
 
 
-def read_index(files: Iterable[str | Path]) -> dict[str, TensorInfo]:
-    """Every tensor in the files, from their headers alone; a key in two files is an error."""
+def read_index(files: Iterable[str | Path], names: Iterable[str] | None = None) -> dict[str, TensorInfo]:
+    """Every tensor in the files, from their headers alone; a key in two files is an error.
+
+    names: each file's name in its repo or folder.  The keys of a file in a sub-folder are
+    filed under that folder (`key_namespace`): a sentence-transformers `2_Dense/model.safetensors`
+    holds `linear.weight`, indexed as `2_Dense/linear.weight`.
+    """
     index: dict[str, TensorInfo] = {}
-    for file in map(Path, files):
+    files = [Path(file) for file in files]
+    spaces = [key_namespace(name) for name in names] if names is not None else [""] * len(files)
+    for file, space in zip(files, spaces, strict=True):
         for info in read_header(file):
+            if space:
+                info = replace(info, key=space + info.key, stored_key=info.key)
             if info.key in index:
                 raise error(codes.DUPLICATE_TENSOR_KEY, f"tensor {info.key!r} appears in both {index[info.key].file} "
                                                         f"and {file}")
             index[info.key] = info
     return index
+
+
+def key_namespace(name: str) -> str:
+    """The prefix `read_index` gives the keys of a file named `name` in its repo: its folder
+    and a slash ("2_Dense/"), or nothing for a file at the top."""
+    folder = PurePosixPath(name).parent.as_posix()
+    return "" if folder in ("", ".") else folder + "/"
 
 
 def read_header(file: Path) -> list[TensorInfo]:
@@ -678,7 +705,7 @@ def _read_members(members: list[tuple[ParamSpec, TensorInfo]], read, backend: Fr
     for param, info in members:
         target = _target_dtype(param, info, dtype)
         if (info.key, target) not in converted:
-            array = read(info.key)
+            array = read(info.file_key)
             if target != _linnet_dtype(info.dtype):
                 array = backend.cast(array, dtypes.by_name(target))
             converted[(info.key, target)] = array
