@@ -554,7 +554,16 @@ def _declared_names(stmts: list[ast.Stmt]) -> set[str]:
 
 
 def _fold_arith(op: str, a: float, b: float) -> float:
+    if op == "/" and b == 0:
+        return _ieee_divide_by_zero(a, b)
     return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else math.inf}[op]
+
+
+def _ieee_divide_by_zero(a: float, b: float) -> float:
+    """`a / ±0` as IEEE 754 defines it (Python raises instead): ±inf by the signs, NaN for 0 / 0."""
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
 
 
 def lower(instance: Instance) -> ir.Program:

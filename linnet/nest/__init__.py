@@ -71,6 +71,8 @@ class LoadInfo:
     source: str | None = None
     #: The same as a word: "cache", "package", "hub" or "weights=".
     origin: str | None = None
+    #: Each file's name in its repo or folder, where known (`hub.Located.names`).
+    names: tuple[str, ...] | None = None
 
 
 class Model:
@@ -155,15 +157,37 @@ class Model:
     def __call__(self, *args, **kwargs):
         return self.run(self.manifest.source.entry, *args, **kwargs)
 
-    def encode(self, texts, *, batch_size: int = 32, normalize: bool = True, progress: bool | None = None,
-               output: str = "numpy", entry: str = "embed", max_length: int | None = None):
-        """Sentence embeddings of `texts` as one `[N, D]` array, like sentence-transformers'
-        `encode`: sorted by length, batched, run through `entry`, returned in input order.
-        See `linnet.nest.encode.encode` for every option."""
+    def encode(self, sentences, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = 32,
+               show_progress_bar: bool | None = None, **options):
+        """Sentence embeddings of `sentences` as one `[N, D]` array, as sentence-transformers'
+        `encode` gives them (its names, defaults and the model's own prompts): sorted by
+        length, batched, run through the `embed` entry, returned in input order.  Options:
+        convert_to_numpy, convert_to_tensor, normalize_embeddings, truncate_dim, max_length,
+        entry; see `linnet.nest.encode.encode`."""
         from .encode import encode
 
-        return encode(self, texts, batch_size=batch_size, normalize=normalize, progress=progress,
-                      output=output, entry=entry, max_length=max_length)
+        return encode(self, sentences, prompt_name, prompt, batch_size, show_progress_bar, **options)
+
+    def similarity(self, a, b):
+        """`[N, M]` scores between two sets of embeddings by the model's similarity function
+        (`similarity_fn_name`), as sentence-transformers' `model.similarity`."""
+        from .encode import similarity
+
+        return similarity(self, a, b)
+
+    @property
+    def similarity_fn_name(self) -> str:
+        """"cosine", "dot", "euclidean" or "manhattan": what the model's sentence-transformers
+        files name (cosine when there are none)."""
+        from .encode import similarity_fn_name
+
+        return similarity_fn_name(self)
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The prompts of the model's `config_sentence_transformers.json`, by name."""
+        pipeline = getattr(self.manifest, "pipeline", None)
+        return dict(pipeline.prompts) if pipeline is not None else {}
 
     def generate(self, prompt, max_new_tokens: int = 20, *, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -286,6 +310,7 @@ def prepare(name_or_path: str | Path, *, dtype: str | None = None, revision: str
         files = located.files
         index = read_index(files, located.names)
         info.files, info.source, info.origin = files, located.description, located.origin
+        info.names = located.names
         bindings, info.report = _verified_bindings(manifest, params, files, index, key, cast_floats=dtype is not None)
         ctx.weights_identity = _files_key(files, sorted(bindings.items()))
         ctx.tensor_loader = lambda framework, cast: load_tensors(params, bindings, index, framework=framework,

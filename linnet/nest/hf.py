@@ -255,7 +255,8 @@ def _pipeline_root(pipeline: Pipeline, family: Family, found: FamilyConfig, file
                                      int(found.generics[encoder.positions]))
     header = sentence.block_header(source.source_file(), encoder.block)
     generics = {k: v for k, v in found.generics.items() if k in header.names}
-    text = sentence.client_module(pipeline, encoder, source.package.name, header, name)
+    text = sentence.client_module(pipeline, encoder, source.package.name, header, name,
+                                  int(found.generics[encoder.width]))
     client = _write_generated(_entry_name(files), "sentence_pipeline.linnet", text)
     return pipeline, replace(found, root=sentence.ROOT, generics=generics, labels=None), client
 

@@ -472,15 +472,16 @@ def _span_text(lines: list[str], span) -> str:
 
 
 def client_module(pipeline: Pipeline, encoder: "EncoderSpec", package: str, header: BlockHeader,
-                  name: str) -> str:
-    """The pipeline as a Linnet module: `SentenceEmbedder` over the family's encoder block."""
-    in_widths, result = _widths(pipeline, encoder)
+                  name: str, width: int) -> str:
+    """The pipeline as a Linnet module: `SentenceEmbedder` over the family's encoder block,
+    whose token vectors are `width` wide."""
+    in_widths, result = _widths(pipeline, encoder, width)
     subs = [f"    sub {encoder.sub}: {encoder.block}<{', '.join(header.names)}>"]
     for dense in pipeline.dense:
-        subs.append(f"    sub {dense.sub}: {_linear(dense)}<{in_widths[dense.index]}, {dense.out_features}, T>")
+        out = _widths(Pipeline("", None, False, (dense,)), encoder, width)[1]
+        subs.append(f"    sub {dense.sub}: {_linear(dense)}<{in_widths[dense.index]}, {out}, T>")
         if dense.residual and dense.in_features != dense.out_features:
-            subs.append(f"    sub {dense.sub}_residual: LinearNoBias<{in_widths[dense.index]}, "
-                        f"{dense.out_features}, T>")
+            subs.append(f"    sub {dense.sub}_residual: LinearNoBias<{in_widths[dense.index]}, {out}, T>")
     inputs = [f"{arg}: Tensor[B, S; i32]" + (f" = {default}" if default else "") for arg, default in encoder.inputs]
     call = ", ".join(arg for arg, _ in encoder.inputs)
     pooling = pipeline.pooling
@@ -534,18 +535,25 @@ def client_module(pipeline: Pipeline, encoder: "EncoderSpec", package: str, head
 _STD_ACTIVATIONS = {"GELU": "gelu_erf", "SiLU": "silu"}
 
 
-def _widths(pipeline: Pipeline, encoder: "EncoderSpec") -> tuple[dict[int, str], str]:
-    """Each Dense's input width as a Linnet dim expression (the encoder's width by its
-    generic's name, a multiple of it after concatenated poolings, else a number), and the
-    width of the pipeline's result."""
+def _widths(pipeline: Pipeline, encoder: "EncoderSpec", width: int) -> tuple[dict[int, str], str]:
+    """Each Dense's input width as a Linnet dim expression, and the pipeline's result width.
+
+    A width that is a multiple of the encoder's (`width`, the value of the generic
+    `encoder.width`) is written through that generic (`D`, `3 * D`), so the checker sees a
+    residual add of a [B, D] input to a [B, D] output as the same shape; others are numbers.
+    """
+    def expression(size: int) -> str:
+        if size % width:
+            return str(size)
+        return encoder.width if size == width else f"{size // width} * {encoder.width}"
+
     current, inputs = encoder.width, {}
     for module in pipeline.modules:
         if isinstance(module, Pooling):
-            count = len(module.modes)
-            current = encoder.width if count == 1 else f"{count} * {encoder.width}"
+            current = expression(width * len(module.modes))
         elif isinstance(module, Dense):
             inputs[module.index] = current
-            current = str(module.out_features)
+            current = expression(module.out_features)
     return inputs, current
 
 

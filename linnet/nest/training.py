@@ -19,8 +19,10 @@ checkpoint bound param by param:
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shutil
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -49,6 +51,8 @@ class TrainingSource:
     ctx: Any            # linnet.backends.LoadContext, its program unoptimised
     report: Any         # linnet.nest.weights.BindingReport: param path -> the TensorInfo it came from
     files: list[Path]   # the checkpoint's .safetensors files
+    #: Their names in the repo or folder ("2_Dense/model.safetensors"), where known.
+    names: tuple[str, ...] | None = None
 
     @property
     def program(self) -> ir.Program:
@@ -66,7 +70,7 @@ def training_source(model) -> TrainingSource:
     options = model.load_options
     ctx, info = prepare(model.manifest, dtype=options.get("dtype"), revision=options.get("revision"),
                         weights=options.get("weights"), optimize=())
-    source = TrainingSource(ctx, info.report, list(info.files))
+    source = TrainingSource(ctx, info.report, list(info.files), info.names)
     model.__dict__["_training_source"] = source
     return source
 
@@ -210,14 +214,22 @@ def save(model_or_module, folder: str | Path, *, params: Mapping[str, Any] | Non
     written = _checkpoint_tensors(source, tensors)
     from safetensors.numpy import save_file
 
-    # Written beside and renamed: a reader never sees half a file, and saving over the
-    # checkpoint the model was read from does not truncate it while it is still mapped.
-    target = folder / CHECKPOINT_NAME
-    partial = folder / f".{CHECKPOINT_NAME}.partial"
-    save_file(written, str(partial), metadata={"format": "pt"})
-    os.replace(partial, target)
+    # A key filed under a folder (a sentence-transformers module's, "2_Dense/linear.weight",
+    # see weights.read_index) goes back to that folder's own checkpoint file.
+    by_file: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
+    for key, array in written.items():
+        space, _, stored = key.rpartition("/")
+        by_file[space][stored] = array
     _copy_beside(source.files, folder)
-    return target
+    for space, tensors in sorted(by_file.items()):
+        target = folder / space / CHECKPOINT_NAME if space else folder / CHECKPOINT_NAME
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside and renamed: a reader never sees half a file, and saving over the
+        # checkpoint the model was read from does not truncate it while it is still mapped.
+        partial = target.with_name(f".{CHECKPOINT_NAME}.partial")
+        save_file(tensors, str(partial), metadata={"format": "pt"})
+        os.replace(partial, target)
+    return folder / CHECKPOINT_NAME
 
 
 def _params_to_save(thing, params) -> tuple[TrainingSource, dict[str, np.ndarray]]:
@@ -284,7 +296,7 @@ def _checkpoint_tensors(source: TrainingSource, tensors: dict[str, np.ndarray]) 
 def _unbound(source: TrainingSource) -> dict:
     from .weights import read_index
 
-    index = read_index(source.files)
+    index = read_index(source.files, source.names)
     return {key: index[key] for key in source.report.unused_keys}
 
 
@@ -318,3 +330,22 @@ def _copy_beside(files: list[Path], folder: Path) -> None:
     for name in BESIDE_FOLDERS:
         if (beside / name).is_dir():
             shutil.copytree(beside / name, folder / name, dirs_exist_ok=True)
+    _copy_module_settings(beside, folder)
+
+
+def _copy_module_settings(beside: Path, folder: Path) -> None:
+    """Every folder a sentence-transformers `modules.json` lists, without its weights (which
+    `save` writes): the Pooling, Dense and Normalize settings, so the saved folder is the
+    same pipeline for sentence-transformers and for `nest.load(folder)`."""
+    try:
+        modules = json.loads((beside / "modules.json").read_text(encoding="utf-8"))
+        paths = [m["path"].strip("/") for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    except (OSError, ValueError, TypeError, KeyError):
+        return
+    for path in paths:
+        if not path or ".." in Path(path).parts or not (beside / path).is_dir():
+            continue
+        (folder / path).mkdir(parents=True, exist_ok=True)
+        for file in (beside / path).iterdir():
+            if file.is_file() and file.suffix not in (".safetensors", ".bin"):
+                shutil.copyfile(file, folder / path / file.name)
