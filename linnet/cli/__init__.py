@@ -115,16 +115,16 @@ def cmd_build(args, parser) -> int:
     from pathlib import Path
 
     from ..backends import integration
-    from .targets import locate
+    from .targets import load_name, locate
     from ..nest import backend_passes, prepare
 
     target = locate(args.path)
     if target.kind != "entry":
-        parser.error("build needs a zoo entry (a folder with nest.toml, or its name)")
+        parser.error("build needs a zoo entry (a folder with nest.toml, or its name), an hf: repo or a saved model's folder")
     module = integration(args.backend)
     # --optimize: the passes `nest.load` runs for this backend (packing included where it can).
     passes = backend_passes(args.backend, module, packing=args.packing) if args.optimize else ()
-    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, revision=args.revision,
+    ctx, _ = prepare(load_name(args.path, target), dtype=args.dtype, weights=args.weights, revision=args.revision,
                      need_weights=getattr(module, "BUILD_NEEDS_WEIGHTS", False),
                      overrides=_parse_set(args.set or [], parser), optimize=passes)
     started = time.perf_counter()
@@ -148,15 +148,16 @@ def _whole_numbers(text: str) -> list[int]:
 def cmd_export_triton(args, parser) -> int:
     from pathlib import Path
 
-    from .targets import locate
+    from .targets import load_name, locate
     from ..nest import prepare
     from ..serving.triton import export_passes, export_triton
 
     target = locate(args.path)
     if target.kind != "entry":
-        parser.error("export-triton needs a zoo entry (a folder with nest.toml, or its name)")
+        parser.error("export-triton needs a zoo entry (a folder with nest.toml, or its name), an hf: repo or a "
+                     "saved model's folder")
     # The graph nest.load(..., backend="onnx") runs: packed by default, `--no-packing` padded.
-    ctx, _ = prepare(target.path, dtype=args.dtype, weights=args.weights, need_weights=True,
+    ctx, _ = prepare(load_name(args.path, target), dtype=args.dtype, weights=args.weights, need_weights=True,
                      optimize=export_passes(args.packing))
     started = time.perf_counter()
     folder = export_triton(ctx, Path(args.output), runtime=args.runtime, entries=args.entries,
@@ -240,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=("text", "json"), default="text")
     check.set_defaults(handler=cmd_check)
     build = sub.add_parser("build", help="write the generated source of a zoo entry for people to read")
-    build.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")
+    build.add_argument("path", metavar="PATH", help="zoo entry (folder or name), hf:owner/name, or a saved model's folder")
     build.add_argument("--backend", choices=available(), default="torch")
     build.add_argument("-o", "--output", required=True, metavar="DIR")
     build.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="the model's float dtype (default: the manifest's)")
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --optimize: padding-free execution on or off (default: the backend's choice)")
     build.set_defaults(handler=cmd_build)
     triton = sub.add_parser("export-triton", help="write a Triton model repository for a zoo entry")
-    triton.add_argument("path", metavar="PATH", help="zoo entry (folder or name)")
+    triton.add_argument("path", metavar="PATH", help="zoo entry (folder or name), hf:owner/name, or a saved model's folder")
     triton.add_argument("-o", "--output", required=True, metavar="REPO", help="the model repository folder")
     triton.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="the model's float dtype (default: the manifest's)")
     triton.add_argument("--max-batch-size", type=int, default=8, metavar="N",

@@ -17,6 +17,12 @@ from ..paths import zoo_dir
 
 
 def locate(path_or_name: str | Path) -> Target:
+    if is_saved_model(path_or_name):  # built from its files, as nest.load builds it
+        from ..nest.hf import folder_manifest, hf_manifest
+
+        text = str(path_or_name)
+        manifest = hf_manifest(text) if text.startswith("hf:") else folder_manifest(text)
+        return Target("entry", manifest.dir, manifest)
     path = Path(path_or_name)
     if path.is_file() and path.suffix == ".linnet":
         return Target("file", path)
@@ -34,6 +40,20 @@ def locate(path_or_name: str | Path) -> Target:
                     f"folder {path} is neither a package (no linnet.toml) nor a zoo entry (no nest.toml)")
     manifest = load_manifest(path_or_name)
     return Target("entry", manifest.dir, manifest)
+
+
+def is_saved_model(path_or_name: str | Path) -> bool:
+    """An `hf:owner/name` repo or a folder transformers / sentence-transformers saved: what
+    `nest.load` reads from the model's own files rather than a nest.toml."""
+    from ..nest.hf import PREFIX, is_model_folder
+
+    return str(path_or_name).startswith(PREFIX) or is_model_folder(path_or_name)
+
+
+def load_name(path_or_name: str | Path, target: Target) -> str | Path:
+    """What `nest.prepare` takes for a located entry: a saved model by its own name (so a
+    folder is its own checkpoint), a zoo entry by its folder."""
+    return str(path_or_name) if is_saved_model(path_or_name) else target.path
 
 
 def _is_zoo_name(text: str) -> bool:

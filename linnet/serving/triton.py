@@ -266,9 +266,19 @@ def _config_dims(t: Tensor, batched: bool, fixed: dict | None = None) -> tuple[i
 
 
 def _tensor_fields(t: Tensor, batched: bool, name: str | None = None, optional: bool = False,
-                   fixed: dict | None = None) -> list:
-    fields = [("name", name or t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton)),
-              ("dims", _config_dims(t, batched, fixed))]
+                   fixed: dict | None = None, reshape: bool = True) -> list:
+    dims = _config_dims(t, batched, fixed)
+    fields = [("name", name or t.name), ("data_type", _Enum(dtypes.by_name(t.dtype).triton))]
+    if batched and not dims:
+        # One number per batch row ([B], a pipeline's `prompt_length`): Triton wants some
+        # dims, so clients send [B, 1], which `reshape` hands a model that runs as the [B]
+        # it takes.  An ensemble runs nothing itself and keeps [B, 1] (`reshape=False`):
+        # Triton infers its tensors' shapes from its steps' declared dims.
+        fields.append(("dims", (1,)))
+        if reshape:
+            fields.append(("reshape", [("shape", ())]))
+    else:
+        fields.append(("dims", dims))
     if optional:
         fields.append(("optional", True))
     return fields
@@ -338,8 +348,9 @@ def _ensemble_config(io: TritonIO, options: ServingOptions) -> str:
                       ("input_map", [[("key", t.name), ("value", CHECKED + t.name)] for t in io.inputs]),
                       ("output_map", [[("key", output.name), ("value", output.name)]])])
     fields: list = [("name", io.name), ("platform", "ensemble"), ("max_batch_size", options.max_batch_size),
-                    ("input", [_tensor_fields(t, batched, optional=_optional(t), fixed=io.fixed) for t in io.inputs]),
-                    ("output", [_tensor_fields(t, batched, fixed=io.fixed) for t in io.outputs]),
+                    ("input", [_tensor_fields(t, batched, optional=_optional(t), fixed=io.fixed, reshape=False)
+                               for t in io.inputs]),
+                    ("output", [_tensor_fields(t, batched, fixed=io.fixed, reshape=False) for t in io.outputs]),
                     ("ensemble_scheduling", [("step", steps)])]
     return "\n".join(_format(fields)) + "\n"
 
