@@ -95,9 +95,12 @@ def test_encode_shows_a_progress_bar_on_request(minilm, capsys):
 def test_max_length_truncates_like_sentence_transformers(minilm, reference):
     long_text = " ".join(corpus())[:6000]
     assert reference.max_seq_length == 256
-    ours = minilm.encode([long_text], max_length=256)
     theirs = reference.encode([long_text], convert_to_numpy=True)
-    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    # The entry's [tokenizer].max_length is sentence-transformers' max_seq_length: the default.
+    assert minilm.tokenizer.max_length == 256
+    np.testing.assert_allclose(minilm.encode([long_text]), theirs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(minilm.encode([long_text], max_length=256), theirs, atol=1e-5, rtol=0)
+    assert np.abs(minilm.encode([long_text], max_length=512) - theirs).max() > 1e-3
 
 
 @pytest.mark.parametrize("call, code, phrase", [

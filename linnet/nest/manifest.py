@@ -136,8 +136,8 @@ class TokenizerSpec:
     lowercase: bool | None
     #: "right", "left", or None (the tokenizer's default, right).
     padding_side: str | None = None
-    #: Tokens per text the tokenizer truncates to; None: the entry's MaxPositions.  Set by
-    #: `hf:` from a sentence-transformers `max_seq_length`, never read from a nest.toml.
+    #: Tokens per text the tokenizer truncates to (`[tokenizer].max_length`, or `hf:`'s reading of
+    #: a sentence-transformers `max_seq_length`); None: the entry's MaxPositions.
     max_length: int | None = None
 
     @property
@@ -482,8 +482,13 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
     files = table.take("files", _STR_LIST)
     lowercase = table.take("lowercase", _BOOL, required=False)
     padding_side = table.take("padding_side", _STR, required=False)
+    max_length = table.take("max_length", _INT, required=False)
     table.finish()
     if not table.present:
+        return None
+    if max_length is not None and max_length < 1:
+        table.problem(codes.BAD_FIELD_VALUE, "max_length", f"[tokenizer].max_length must be a positive number of "
+                                                           f"tokens, found {max_length}")
         return None
     if not has_weights:
         table.problem(codes.MISSING_FIELD, None, "[tokenizer] files are fetched from [weights].repo at "
@@ -514,7 +519,7 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
                                                              f"{' or '.join(map(repr, PADDING_SIDES))}, found "
                                                              f"{_describe(padding_side)}")
         return None
-    return TokenizerSpec(files=tuple(files), lowercase=lowercase, padding_side=padding_side)
+    return TokenizerSpec(files=tuple(files), lowercase=lowercase, padding_side=padding_side, max_length=max_length)
 
 
 def _read_generate(table: "_Table", generics: dict[str, Any]) -> GenerateSpec | None:
