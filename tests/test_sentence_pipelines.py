@@ -309,3 +309,30 @@ def test_a_folder_with_no_model_says_what_it_looked_for(tmp_path):
         nest.load(str(tmp_path))
     assert caught.value.code == "E1110"
     assert "holds none of nest.toml, modules.json, config.json" in caught.value.render()
+
+
+def test_linnet_run_prints_the_models_similarity(saved, capsys):
+    """`linnet run` on a pipeline model scores pairs with its similarity function (here dot)."""
+    import torch
+    from linnet.cli import main
+
+    folder, reference = saved["max"]
+    texts = ["A cat sleeps.", "A kitten naps on the sofa."]
+    assert main(["run", folder, *texts]) == 0
+    printed = capsys.readouterr().out
+    assert "dot similarity:" in printed
+    vectors = reference.encode(texts)
+    expected = reference.similarity(torch.from_numpy(vectors), torch.from_numpy(vectors)).numpy()
+    assert f"{expected[0, 1]:5.2f}" in printed
+
+
+def test_encode_says_what_it_computes_without_sentence_transformers_files(hf_cache):
+    """A plain transformers BertModel has no pipeline: encode names what its `embed` is
+    (mean pooling, unit length) instead of passing it off as sentence-transformers' fallback."""
+    from fixtures.hf_checkpoints import write_transformers_repo
+
+    repo = write_transformers_repo(hf_cache, "linnet-tests/no-st-files", "BertModel", seed=5)
+    model = nest.load(repo.name, backend="torch")
+    assert model.manifest.pipeline is None
+    with pytest.warns(UserWarning, match="no sentence-transformers files .* mean-pools without normalising"):
+        assert model.encode([]).shape == (0, 64)

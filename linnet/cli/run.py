@@ -5,7 +5,8 @@ What gets printed depends on the model, unless `--task` says otherwise:
 
 * fill-mask: the model has an `mlm` entry and a text holds `[MASK]`: the top candidates
   for every masked position, with their probabilities;
-* similarity: a sentence encoder (`embed` entry, tagged sentence-similarity): the cosine
+* similarity: a sentence encoder (`embed` entry, tagged sentence-similarity, or a
+  sentence-transformers model's pipeline): its similarity function's (cosine by default)
   similarity of every pair of texts;
 * classify: a classifier loaded with `hf:` (a `logits` entry and labels): each text's labels
   ranked by probability;
@@ -63,7 +64,7 @@ def choose_task(model, texts: list[str]) -> str:
         return "generate"
     if "mlm" in entries and any("[MASK]" in t for t in texts):
         return "fill-mask"
-    if "embed" in entries and "sentence-similarity" in tags:
+    if "embed" in entries and ("sentence-similarity" in tags or getattr(model.manifest, "pipeline", None) is not None):
         return "similarity"
     if "logits" in entries and model.labels:
         return "classify"
@@ -108,9 +109,11 @@ def fill_mask(model, texts: list[str], top: int) -> list[str]:
 
 def similarity(model, texts: list[str]) -> list[str]:
     _needs(model, "embed", "similarity")
-    vectors = _numpy(model.embed(**model.tokenizer(texts)))
-    matrix = vectors @ vectors.T
-    lines = ["cosine similarity:"]
+    # encode and similarity as the model's own files say: its prompts, length, pooling and
+    # similarity function (a sentence-transformers model's may be dot or a distance).
+    vectors = model.encode(texts, show_progress_bar=False)
+    matrix = np.asarray(model.similarity(vectors, vectors), np.float64)
+    lines = [f"{model.similarity_fn_name} similarity:"]
     for i, text in enumerate(texts):
         lines.append(f"  [{i}] " + "  ".join(f"{matrix[i, j]:5.2f}" for j in range(len(texts))) + f"   {text}")
     return lines

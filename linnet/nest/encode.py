@@ -15,6 +15,7 @@ in sentence-transformers.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,6 +59,7 @@ def encode(model, sentences: str | Sequence[str], prompt_name: str | None = None
     single = isinstance(sentences, str)
     rows = [sentences] if single else _texts(sentences)
     prompt = resolve_prompt(model, prompt, prompt_name)
+    _warn_without_pipeline(model, entry)
     if not rows:
         return _empty(model, entry, form, truncate_dim)
     extra = _prompt_inputs(model, entry, prompt)
@@ -78,6 +80,20 @@ def encode(model, sentences: str | Sequence[str], prompt_name: str | None = None
     if form == "list":
         vectors = list(vectors)
     return vectors[0] if single else vectors
+
+
+def _warn_without_pipeline(model, entry: str) -> None:
+    """A model read from a repo or folder without sentence-transformers files has no
+    sentence embedding of its own: say what `embed` computes, once per model, rather than
+    let it pass for what sentence-transformers' fallback would give."""
+    if entry != "embed" or getattr(model.manifest, "pipeline", "zoo") is not None or \
+            model.__dict__.get("_warned_no_pipeline"):
+        return
+    model.__dict__["_warned_no_pipeline"] = True
+    warnings.warn(f"{model.manifest.name} has no sentence-transformers files (no modules.json), so encode runs "
+                  f"its source's `embed` entry: the mean of the real tokens' vectors, scaled to unit length. "
+                  f"sentence-transformers, given such a model, mean-pools without normalising "
+                  f"(normalize_embeddings=False); compare with care.", UserWarning, stacklevel=3)
 
 
 def resolve_prompt(model, prompt: str | None, prompt_name: str | None) -> str | None:
