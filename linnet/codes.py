@@ -374,7 +374,8 @@ HF_UNSUPPORTED_CONFIG: Final = _register("E1106", "hf-unsupported-config", "hf",
 HF_BAD_SHARD_INDEX: Final = _register("E1107", "hf-bad-shard-index", "hf",
     "`hf:`: the repo's `model.safetensors.index.json` is not a valid shard index")
 HF_UNTIED_DECODER: Final = _register("E1108", "hf-untied-decoder", "hf",
-    "`hf:`: a masked-LM checkpoint's decoder is not its word-embedding table (untied weights)")
+    "`hf:` or a folder: a checkpoint's output layer is not its word-embedding table (untied weights: a "
+    "BERT masked-LM decoder, a GPT-2 `lm_head`, or `tie_word_embeddings: false`)")
 HF_BINDINGS_UNWRITABLE: Final = _register("E1109", "hf-bindings-unwritable", "hf",
     "`hf:`: the generated bindings cannot be written (neither the Linnet cache nor the temporary "
     "folder is writable)")
