@@ -311,8 +311,8 @@ def config_only(hf_cache, name: str, config: dict):
 
 REFUSALS = [
     ("activation", gpt2_config(activation_function="relu"), "E1106",
-     'sets activation_function = "relu"; the GPT-2 source computes GELU\'s tanh approximation only '
-     '("gelu_new", "gelu_pytorch_tanh")'),
+     'sets activation_function = "relu"; the GPT-2 source (GELU\'s tanh approximation) computes '
+     '"gelu_new", "gelu_pytorch_tanh" only'),
     ("inverse-layer-idx", gpt2_config(scale_attn_by_inverse_layer_idx=True), "E1106",
      "sets scale_attn_by_inverse_layer_idx = true"),
     ("upcast", gpt2_config(reorder_and_upcast_attn=True), "E1106", "sets reorder_and_upcast_attn = true"),
@@ -325,7 +325,7 @@ REFUSALS = [
     ("eps-zero", gpt2_config(layer_norm_epsilon=0.0), "E1103", "`layer_norm_epsilon` must be a positive number"),
     ("eos", gpt2_config(eos_token_id=97), "E1103", "`eos_token_id` must be one token id (0 <= id < vocab_size = 97)"),
     ("vit-activation", vit_config(hidden_act="gelu_new"), "E1106",
-     'sets hidden_act = "gelu_new"; the ViT source computes "gelu" (exact GELU) only'),
+     'sets hidden_act = "gelu_new"; the ViT source (exact GELU) computes "gelu" only'),
     ("vit-patches", vit_config(image_size=30), "E1106",
      "has image_size 30, which patches of 8 do not tile (image_size must be a multiple of patch_size"),
     ("vit-oblong", vit_config(image_size=[32, 48]), "E1106",
@@ -377,7 +377,7 @@ def _with_lm_head(hf_cache, name: str, shift: float):
 def test_a_stored_lm_head_that_differs_from_wte_is_refused(hf_cache):
     _, name = _with_lm_head(hf_cache, "untied-head", 0.5)
     text = raises("E1108", nest.load, name)
-    assert "the checkpoint's lm_head.weight differs from its token embeddings transformer.wte.weight" in text
+    assert "the checkpoint's lm_head.weight differs from its embeddings transformer.wte.weight" in text
 
 
 def test_a_stored_lm_head_equal_to_wte_is_bound_once(hf_cache):

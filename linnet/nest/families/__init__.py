@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from ... import codes, dtypes
 from ...diagnostics import Diagnostic, LinnetError, Note, error
@@ -113,6 +113,25 @@ class ConfigReader:
             self.problem(codes.HF_CONFIG_FIELD, f"`{name}` must be {what}, found {describe(value)}")
         else:
             generics[generic] = float(value)
+
+    def one_of(self, name: str, default: str, computed: Iterable[str], source: str) -> str | None:
+        """A string setting the family's source computes only some values of (an activation):
+        the value, or None with the refusal recorded."""
+        value = self.config.get(name, default)
+        computed = tuple(computed)
+        if isinstance(value, str) and value in computed:
+            return value
+        self.unsupported(f"sets {name} = {describe(value)}; the {source} computes "
+                         f"{', '.join(map(json.dumps, computed))} only")
+        return None
+
+    def epsilon(self, name: str, generics: dict, default: float) -> None:
+        """A LayerNorm epsilon field -> the `Eps` generic every family's source has; absent:
+        `default` (transformers' for the family); it must be above 0."""
+        what = "a positive number (LayerNorm's epsilon)"
+        self.real(name, "Eps", generics, default, what=what)
+        if generics.get("Eps") == 0.0:
+            self.problem(codes.HF_CONFIG_FIELD, f"`{name}` must be {what}, found 0.0")
 
     def dtype(self, generics: dict) -> None:
         """transformers names the dtype as torch does ("float32"): `dtype`, `torch_dtype` before v5."""
@@ -211,6 +230,25 @@ class Family:
     def image(self, repo: "RepoFiles", config: FamilyConfig) -> ImageSpec | None:
         """The repo's image preprocessing, for a family that takes pictures."""
         return None
+
+
+def require_tied(name: str, stored: "TensorInfo", table: "TensorInfo", files: list, why: str) -> None:
+    """A stored output matrix (`stored`, e.g. an LM head) must be the embedding `table` byte for
+    byte, since the family's source computes with the table itself (`why` says so)."""
+    if (stored.shape, stored.dtype) != (table.shape, table.dtype) or tensor_bytes(stored) != tensor_bytes(table):
+        raise error(codes.HF_UNTIED_DECODER,
+                    f"{name}: the checkpoint's {stored.key} differs from its embeddings {table.key}; {why}, "
+                    f"so it cannot run this checkpoint exactly",
+                    None, Note(f"the checkpoint is {', '.join(map(str, files))}"))
+
+
+def tensor_bytes(info: "TensorInfo") -> bytes:
+    """One tensor's raw bytes, found through its file's header (already validated)."""
+    with open(info.file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        start, end = json.loads(f.read(length))[info.file_key]["data_offsets"]
+        f.seek(8 + length + start)
+        return f.read(end - start)
 
 
 def is_count(value: Any) -> bool:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 from ... import codes, ops
-from ...diagnostics import Note, error
+from ...diagnostics import error
 from ..layouts import BERT, LAYER_NORM_SPELLINGS
 from ..manifest import TokenizerSpec
-from . import ConfigReader, EncoderSpec, Family, FamilyConfig, describe
+from . import ConfigReader, EncoderSpec, Family, FamilyConfig, describe, require_tied
 
 log = logging.getLogger("linnet.nest")
 
@@ -103,13 +102,10 @@ class BertFamily(Family):
         elif labels is not None:
             generics["Labels"] = len(labels)
         _dropout_rates(reader, root, generics)
-        act = reader.get("hidden_act", "gelu")
-        if isinstance(act, str) and act in HIDDEN_ACTS:
+        act = reader.one_of("hidden_act", "gelu", HIDDEN_ACTS, "BERT source")
+        if act is not None:
             generics["HiddenAct"] = ops.ACTIVATIONS.index(HIDDEN_ACTS[act])
-        reader.real("layer_norm_eps", "Eps", generics, DEFAULT_EPS, what="a positive number (LayerNorm's epsilon)")
-        if generics.get("Eps") == 0.0:
-            reader.problem(codes.HF_CONFIG_FIELD, "`layer_norm_eps` must be a positive number (LayerNorm's epsilon), "
-                                                  "found 0.0")
+        reader.epsilon("layer_norm_eps", generics, DEFAULT_EPS)
         reader.dtype(generics)
         for message in _unsupported(reader):
             reader.unsupported(message)
@@ -169,10 +165,6 @@ def _dropout_rates(reader: ConfigReader, root: str, generics: dict) -> None:
 def _unsupported(reader: ConfigReader) -> list[str]:
     """What the config asks for that the BERT source does not compute, as messages."""
     messages = []
-    act = reader.get("hidden_act", "gelu")
-    if not (isinstance(act, str) and act in HIDDEN_ACTS):
-        messages.append(f"sets hidden_act = {describe(act)}; the BERT source computes "
-                        f"{', '.join(map(json.dumps, HIDDEN_ACTS))} only")
     positions = reader.get("position_embedding_type", "absolute")
     if positions != "absolute":
         messages.append(f"sets position_embedding_type = {describe(positions)}; the BERT source adds "
@@ -201,19 +193,6 @@ def _check_tied_decoder(name: str, index, config: FamilyConfig, files: list, pre
         return
     if words is None:  # reported by the bindings already
         return
-    if (decoder.shape, decoder.dtype) != (words.shape, words.dtype) or _tensor_bytes(decoder) != _tensor_bytes(words):
-        raise error(codes.HF_UNTIED_DECODER,
-                    f"{name}: the checkpoint's {MLM_DECODER} differs from its word embeddings "
-                    f"{words.key}; the BERT source's masked-LM head decodes with the word-embedding "
-                    f"table (tied, as BERT was trained), so it cannot run this checkpoint exactly",
-                    None, Note(f"the checkpoint is {', '.join(map(str, files))}"))
+    require_tied(name, decoder, words, files, "the BERT source's masked-LM head decodes with the word-embedding "
+                                              "table (tied, as BERT was trained)")
     log.info("%s: %s equals the word embeddings (tied); bound once", name, MLM_DECODER)
-
-
-def _tensor_bytes(info) -> bytes:
-    """One tensor's raw bytes, found through the file's header (already validated)."""
-    with open(Path(info.file), "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        start, end = json.loads(f.read(length))[info.file_key]["data_offsets"]
-        f.seek(8 + length + start)
-        return f.read(end - start)

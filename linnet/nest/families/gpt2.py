@@ -18,11 +18,9 @@ import logging
 from dataclasses import replace
 
 from ... import codes
-from ...diagnostics import Note, error
 from ..layouts import GPT2
 from ..manifest import GenerateSpec, TokenizerSpec
-from . import ConfigReader, Family, FamilyConfig, describe, is_count
-from .bert import _tensor_bytes
+from . import ConfigReader, Family, FamilyConfig, describe, is_count, require_tied
 
 log = logging.getLogger("linnet.nest")
 
@@ -73,7 +71,7 @@ class Gpt2Family(Family):
         if heads and width and width % heads:
             reader.unsupported(f"has n_embd {width}, which {heads} attention heads cannot share equally "
                                f"(n_embd must be a multiple of n_head)")
-        epsilon(reader, "layer_norm_epsilon", generics, DEFAULT_EPS)
+        reader.epsilon("layer_norm_epsilon", generics, DEFAULT_EPS)
         reader.dtype(generics)
         for message in _unsupported(reader):
             reader.unsupported(message)
@@ -96,12 +94,8 @@ class Gpt2Family(Family):
         head, words = index.get(LM_HEAD), index.get(prefix + WORD_EMBEDDINGS)
         if head is None or words is None:  # tied (save_pretrained stores wte once), or reported already
             return
-        if (head.shape, head.dtype) != (words.shape, words.dtype) or _tensor_bytes(head) != _tensor_bytes(words):
-            raise error(codes.HF_UNTIED_DECODER,
-                        f"{name}: the checkpoint's {LM_HEAD} differs from its token embeddings {words.key}; "
-                        f"the GPT-2 source's LM head scores against the token table wte (tied, as GPT-2 was "
-                        f"trained), so it cannot run this checkpoint exactly",
-                        None, Note(f"the checkpoint is {', '.join(map(str, files))}"))
+        require_tied(name, head, words, files, "the GPT-2 source's LM head scores against the token table wte "
+                                               "(tied, as GPT-2 was trained)")
         log.info("%s: %s equals the token embeddings (tied); bound once", name, LM_HEAD)
 
     # ------------------------------------------------------------ beside the checkpoint
@@ -111,14 +105,6 @@ class Gpt2Family(Family):
         from its last position, so a short prompt's padding goes before it."""
         found = super().tokenizer(repo, config)
         return replace(found, padding_side="left") if found is not None else None
-
-
-def epsilon(reader: ConfigReader, field: str, generics: dict, default: float) -> None:
-    """A LayerNorm epsilon field -> the `Eps` generic; absent: `default`; it must be > 0."""
-    what = "a positive number (LayerNorm's epsilon)"
-    reader.real(field, "Eps", generics, default, what=what)
-    if generics.get("Eps") == 0.0:
-        reader.problem(codes.HF_CONFIG_FIELD, f"`{field}` must be {what}, found 0.0")
 
 
 def _inner(reader: ConfigReader, generics: dict) -> None:
@@ -149,10 +135,7 @@ def _generation(reader: ConfigReader, vocab: int | None) -> GenerateSpec | None:
 def _unsupported(reader: ConfigReader) -> list[str]:
     """What the config asks for that the GPT-2 source does not compute, as messages."""
     messages = []
-    act = reader.get("activation_function", "gelu_new")
-    if not (isinstance(act, str) and act in ACTIVATIONS):
-        messages.append(f"sets activation_function = {describe(act)}; the GPT-2 source computes GELU's tanh "
-                        f"approximation only ({', '.join(map(json.dumps, ACTIVATIONS))})")
+    reader.one_of("activation_function", "gelu_new", ACTIVATIONS, "GPT-2 source (GELU's tanh approximation)")
     for flag, computed, meaning in ATTENTION_FLAGS:
         value = reader.get(flag, computed)
         if value is not computed:

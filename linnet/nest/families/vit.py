@@ -19,7 +19,6 @@ from ... import codes
 from ..layouts import VIT
 from ..manifest import ImageSpec
 from . import ConfigReader, Family, FamilyConfig, describe, is_count
-from .gpt2 import epsilon
 
 #: config.json size fields -> the generics they give, with what each is (for messages).
 SIZES = (
@@ -70,7 +69,7 @@ class VitFamily(Family):
         labels = reader.labels()
         if labels is not None:
             generics["Labels"] = len(labels)
-        epsilon(reader, "layer_norm_eps", generics, DEFAULT_EPS)
+        reader.epsilon("layer_norm_eps", generics, DEFAULT_EPS)
         reader.dtype(generics)
         for message in _unsupported(reader):
             reader.unsupported(message)
@@ -112,10 +111,7 @@ def _square(reader: ConfigReader, field: str, generic: str, meaning: str, generi
 def _unsupported(reader: ConfigReader) -> list[str]:
     """What the config asks for that the ViT source does not compute, as messages."""
     messages = []
-    act = reader.get("hidden_act", "gelu")
-    if not (isinstance(act, str) and act in HIDDEN_ACTS):
-        messages.append(f"sets hidden_act = {describe(act)}; the ViT source computes "
-                        f"{', '.join(map(json.dumps, HIDDEN_ACTS))} (exact GELU) only")
+    reader.one_of("hidden_act", "gelu", HIDDEN_ACTS, "ViT source (exact GELU)")
     if reader.get("qkv_bias", True) is not True:
         messages.append(f"sets qkv_bias = {describe(reader.get('qkv_bias'))}; the ViT source's query, key and "
                         f"value layers add a bias (qkv_bias = true) only")
