@@ -27,7 +27,7 @@ from ..front.parser import parse_file
 from ..diagnostics import SourceMap
 
 if TYPE_CHECKING:
-    from .families import EncoderSpec, Family
+    from .families import EncoderSpec
     from .hf import RepoFiles
 
 MODULES_JSON = "modules.json"
