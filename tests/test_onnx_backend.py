@@ -61,10 +61,11 @@ def test_bert_base_matches_transformers(bert_onnx, transformers_bert_base, batch
     assert hidden_diff <= 1e-5
     # The issue asks 1e-6 on pooled; ORT's CPU GEMM (MLAS) sums in another order than
     # torch's, which leaves ~3-5e-6 on the hidden state, and the 768-wide pooler (random
-    # N(0, 0.02) weights here) carries that into ~1.6e-6 on pooled.  So: 2e-6 end to end,
-    # and the pool entry itself exact to 1e-6 — transformers' own pooler applied to our
-    # hidden state gives our pooled output.
-    assert pooled_diff <= 2e-6
+    # N(0, 0.02) weights here) carries that into ~1.6e-6 on pooled (Zen 5), 2.15e-6 at B = 1,
+    # S = 1 on a Zen 4 EPYC with AVX-512 (measured at 67283df too: MLAS picks its kernels by
+    # CPU).  So: 3e-6 end to end, and the pool entry itself exact to 1e-6 — transformers' own
+    # pooler applied to our hidden state gives our pooled output.
+    assert pooled_diff <= 3e-6
     with torch.no_grad():
         ref_on_ours = transformers_bert_base.pooler(torch.from_numpy(hidden)).numpy()
     own = np.abs(pooled - ref_on_ours).max()

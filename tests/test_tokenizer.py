@@ -494,7 +494,8 @@ def test_model_tokenizer_is_built_on_first_use(minilm_checkpoint, tmp_path):
     assert model.__dict__["_tokenizer"] is None
     raises("E1001", getattr, model, "tokenizer")
     model.manifest = load_manifest("all-minilm-l6-v2")
-    assert model.tokenizer is model.tokenizer and model.tokenizer.max_length == 512
+    # all-minilm-l6-v2's [tokenizer].max_length: sentence-transformers' max_seq_length, 256.
+    assert model.tokenizer is model.tokenizer and model.tokenizer.max_length == 256
 
 
 def test_a_model_loaded_from_a_local_folder_reads_its_tokenizer_there(tmp_path, monkeypatch):
