@@ -167,14 +167,16 @@ def test_optimised_torch_program_is_bit_identical(bert_program, batch, seq):
 
 
 def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):
-    # Without packing, whose smaller GEMMs round differently (within 1e-5: test_packing.py).
-    optimised = nest.load("all-minilm-l6-v2", backend="torch", packing=False)
-    plain = nest.load("all-minilm-l6-v2", backend="torch", optimize=False)
+    # Without packing, whose smaller GEMMs round differently (within 1e-5: test_packing.py), and
+    # with the default kernels: kernels="auto" measures per shape, and may pick oneDNN for the fused
+    # QKV product but not for the three separate ones, which rounds differently (2.3e-6 in CI).
+    optimised = nest.load("all-minilm-l6-v2", backend="torch", packing=False, kernels="default")
+    plain = nest.load("all-minilm-l6-v2", backend="torch", optimize=False, kernels="default")
     assert "query_key_value" in optimised.info.generated.read_text()
     assert "query_key_value" not in plain.info.generated.read_text()
     tokens = np.random.default_rng(3).integers(0, 30522, (2, 33))
     assert (optimised(tokens) - plain(tokens)).abs().max().item() == 0.0
     assert (optimised.embed(tokens) - plain.embed(tokens)).abs().max().item() == 0.0
     # The second load reads the compiled program and the fused weights from the cache.
-    again = nest.load("all-minilm-l6-v2", backend="torch", packing=False)
+    again = nest.load("all-minilm-l6-v2", backend="torch", packing=False, kernels="default")
     assert (again(tokens) - optimised(tokens)).abs().max().item() == 0.0
