@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from . import ir
+from .. import ops
 from ..arrays import framework_of
 from ..dims import const
 from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR
@@ -332,12 +333,18 @@ def _power_of_two(value: float) -> bool:
     return value > 0 and mantissa == 0.5
 
 
+def _rearranges(e: ir.Expr) -> bool:
+    """An op that moves every element of its operand somewhere in its result (a reshape, a
+    permute): scaling all of its operand scales all of its result."""
+    return isinstance(e, ir.Op) and ops.OPS[e.op].moves_data and ops.OPS[e.op].rearranges
+
+
 def _data_movement(program: ir.Program, fn: ir.Function) -> bool:
-    """A free function whose body only reshapes/permutes its one argument."""
+    """A free function whose body only rearranges its one argument (`split_heads`)."""
     if fn.block is not None or len(fn.params) != 1 or len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
         return False
     e = fn.body[0].value
-    while isinstance(e, ir.Op) and e.op in ("reshape", "permute"):
+    while _rearranges(e):
         e = e.args[0]
     return isinstance(e, ir.Ref) and e.name == fn.params[0][0]
 
@@ -450,7 +457,7 @@ def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, st
     while True:
         if isinstance(q, ir.Call) and q.receiver is None and _data_movement(program, program.functions[q.function]):
             q = q.args[0]
-        elif isinstance(q, ir.Op) and q.op in ("reshape", "permute"):
+        elif _rearranges(q):
             q = q.args[0]
         else:
             break

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from . import ir
+from .. import ops
 from ..dims import DimExpr, const, sym
 from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT
 
@@ -56,16 +57,8 @@ ZERO, ONE, TRUE, NEG = "zero", "one", "true", "neg"
 #: An additive mask at or below this removes a key exactly: exp(-10000) is 0 in f32 and f16.
 NEG_LIMIT = -1e4
 
-_UNARY = {"neg", "erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh", "activation", "cast"}
-_ELEMENTWISE = _UNARY | {"add", "sub", "mul", "div", "maximum", "minimum", "less", "greater", "equal", "select",
-                          "dropout"}  # dropout: elementwise, its rate a scalar
-_ALONG_AXIS = {"softmax", "cumsum", "sum", "mean", "max"}
-#: The same facts for other passes (`linnet.middle.rows`): ops that act on each element alone,
-#: and ops that act along one axis (`axis`), so on each position along every other axis.
-ELEMENTWISE, ALONG_AXIS = frozenset(_ELEMENTWISE), frozenset(_ALONG_AXIS)
 #: The `source` of the two index functions the pass writes (no Linnet file holds them).
 _ROWS, _SLOTS = "linnet.packing::kept_rows", "linnet.packing::kept_slots"
-_KEEPS_ZERO_FILL = {"neg", "cast", "mul", "reshape", "permute", "transpose", "index"}
 
 
 class Refusal(Exception):
@@ -337,7 +330,7 @@ class _Body:
         return out, Form(q.axes, exact=q.exact)
 
     def _op(self, e: ir.Op, env):
-        if e.op in ("pack_index", "pack_rows", "unpack_rows"):
+        if ops.OPS[e.op].made_by == __name__:
             self.refuse(e, "the program is already packed")
         args = [self._expr(a, env) for a in e.args]
         forms = [f for _, f in args]
@@ -364,10 +357,10 @@ class _Body:
     def _token_rule(self, e: ir.Op, forms) -> tuple[tuple[int, int] | None, bool]:
         """(token axes of the result, whether the op can run packed); raises Refusal for an op that
         mixes positions and reads a value exact only at kept positions."""
-        op, t = e.op, e.type
+        op, t, record = e.op, e.type, ops.OPS[e.op]
         if all(f.axes is None for f in forms):
             return self.p.token_axes(t) if op == "iota" else None, False
-        if op in _ELEMENTWISE:
+        if record.elementwise:
             axes, ok = None, True
             for a, f in zip(e.args, forms):
                 rank = a.type.rank if hasattr(a, "type") and isinstance(a.type, ir.TensorType) else 0
@@ -396,11 +389,12 @@ class _Body:
             if x.axes and max(x.axes) < r - 2:
                 return x.axes, _adjacent(x)
             return self._mixing(e, forms, None)
-        if op in _ALONG_AXIS:
+        if record.along_axis:
             axis = e.attr("axis") % t.rank
             if x.axes and axis not in x.axes:
                 return x.axes, _adjacent(x)
-            return self._mixing(e, forms, x.axes if op in ("softmax", "cumsum") else None)
+            # Along a token axis: a scan keeps the axes where they were, a reduction drops one.
+            return self._mixing(e, forms, x.axes if record.kind == ops.SCAN else None)
         if op == "take":
             if forms[0].axes is None and forms[1].axes is not None:
                 return forms[1].axes, _adjacent(forms[1])
@@ -463,9 +457,10 @@ class _Body:
 
     def _zero_fill(self, e: ir.Op, forms) -> bool:
         token = [f for f in forms if f.axes is not None]
-        if e.op == "mul":
+        rule = ops.OPS[e.op].zero_fill
+        if rule == ops.ZERO_IF_ANY:
             return any(f.zero_fill for f in token)
-        return e.op in _KEEPS_ZERO_FILL and bool(token) and all(f.zero_fill for f in token)
+        return rule == ops.ZERO_IF_ALL and bool(token) and all(f.zero_fill for f in token)
 
     def _pad_fact(self, e: ir.Op, forms) -> str | None:
         """What the padded program holds at padding, from the facts of the operands."""
@@ -478,7 +473,7 @@ class _Body:
             if facts[0] == TRUE:
                 return ONE if e.attr("dtype") != "bool" else TRUE
             return facts[0] if facts[0] in (ZERO, ONE, NEG) else None
-        if op in ("reshape", "permute", "transpose", "index") or (op == "neg" and facts[0] == ZERO):
+        if ops.OPS[op].moves_data or (op == "neg" and facts[0] == ZERO):
             return facts[0]
         if op == "sub" and consts[0] == 1 and facts[1] == ONE:
             return ZERO
@@ -507,7 +502,7 @@ class _Body:
             perm = attrs["perm"]
             sb = perm[a]
             attrs["perm"] = tuple(q - 1 if q > sb else q for i, q in enumerate(perm) if i != a + 1)
-        elif e.op in _ALONG_AXIS and attrs["axis"] >= 0 and attrs["axis"] > a:
+        elif ops.OPS[e.op].along_axis and attrs["axis"] >= 0 and attrs["axis"] > a:
             attrs["axis"] -= 1
         elif e.op == "index":
             items, sb = attrs["items"], self._index_source_axis(e, a)

@@ -12,8 +12,8 @@ What the pass knows is one fact per op, about axes, never about models: along wh
 result the op acts *per position* (result row j depends only on row j of some operands and on
 the whole of the others).
 
-* elementwise ops (`add`, `erf`, `select`, ...; the set `linnet.middle.packing` proves token
-  ops with): along every axis; an operand that broadcasts along it (size 1, or absent) is read
+* elementwise ops (`add`, `erf`, `select`, ...: the registry's `OpDef.elementwise`, the trait
+  `linnet.middle.packing` proves token ops with): along every axis; an operand that broadcasts along it (size 1, or absent) is read
   whole;
 * reductions and `softmax`/`cumsum` along another axis than the one indexed; along the indexed
   axis itself a cumsum or a mean mixes the rows, so the pass stops there;
@@ -53,11 +53,9 @@ import itertools
 from dataclasses import dataclass, replace
 
 from . import ir
+from .. import ops
 from ..dims import DimExpr, const
-from .packing import ALONG_AXIS, ELEMENTWISE
 
-#: Ops that only move or select values: rewriting them saves no arithmetic.
-_DATA_MOVEMENT = {"reshape", "permute", "transpose", "index"}
 #: Reads of a variable are written as a Ref to a name no source can spell until the variable's
 #: definition says whether it holds every row or only the ones read (`_Body._resolve`).
 _PENDING = "\0rows-pending-"
@@ -347,7 +345,7 @@ class _Body:
         args = self._operand_rows(e, rows)
         if args is None:
             return self._whole(e, rows)
-        if e.op not in _DATA_MOVEMENT:
+        if not ops.OPS[e.op].moves_data:  # rewriting data movement saves no arithmetic
             self.work += 1
         new_args = tuple(self.push(a, r) for a, r in zip(e.args, args))
         attrs = e.attrs
@@ -359,11 +357,11 @@ class _Body:
 
     def _operand_rows(self, e: ir.Op, rows: Rows) -> list[Rows | None] | None:
         """The rows of each operand that `rows` of the result read; None when the op mixes along the axis."""
-        op, axis, rank = e.op, rows.axis, e.type.rank
-        if op in ELEMENTWISE:
+        op, axis, rank, record = e.op, rows.axis, e.type.rank, ops.OPS[e.op]
+        if record.elementwise:
             return [_broadcast_rows(a, rows, rank) for a in e.args]
         x = e.args[0]
-        if op in ALONG_AXIS:
+        if record.along_axis:
             own = (e.attr("axis") if e.attr("axis") is not None else -1) % rank
             return None if own == axis or _tensor_rank(x) != rank else [rows]
         if op == "permute":
