@@ -133,9 +133,11 @@ def test_stablehlo_exports_the_jax_source_so_it_uses_the_jax_table(program, tmp_
 
 
 def test_a_refusal_reaches_the_user_with_its_reason(program, monkeypatch):
+    from linnet.backends import onnx_emissions
+
     refusing = ops.Emissions("onnx", onnx_backend.EMISSIONS)
     refusing.refuse("softmax", "no Softmax in this test's opset")
-    monkeypatch.setattr(onnx_backend, "EMISSIONS", refusing)
+    monkeypatch.setattr(onnx_emissions, "EMISSIONS", refusing)  # the table an emitter reads
     tensors = {"shift": np.zeros(6, np.float32)}
     with pytest.raises(LinnetError) as caught:
         onnx_backend.emit(program, tensors, name="acts", outputs={e: e + "_out" for e in program.entries})
@@ -492,3 +494,20 @@ def test_ops_that_claim_to_keep_a_zero_fill_map_zero_rows_to_zero(trait_model):
             got[2], np.delete(got, 2, axis=0))
         assert np.all(zero == 0), name
         assert np.all(rest != 0), name
+
+
+def test_onnx_writes_the_registrys_data_movement_with_data_op_types(tmp_path):
+    """The bf16 CPU variant leaves `DATA_OP_TYPES` nodes in bf16 (ONNX's names, not the
+    registry's); each data-movement op of the registry must be written with those alone, or the
+    variant would compute a pure copy in f32."""
+    entry, _ = write_entry(tmp_path / "acts", source=_trait_source(), entry="z_neg")
+    program = lower(compile_target(locate(entry)).instance)
+    moves = ops.named(lambda op: op.moves_data)
+    names = [f"z_{name}" for name in moves]
+    assert len(names) == 4
+    tensors = {"shift": np.zeros(6, np.float32)}
+    for name in names:
+        sub = replace(program, entries={name: program.entries[name]})
+        (model_file,) = onnx_backend.emit(sub, tensors, name="acts", outputs={name: "out"})
+        types = {node.op_type for node in model_file.model.graph.node}
+        assert types <= onnx_backend.DATA_OP_TYPES, (name, types - onnx_backend.DATA_OP_TYPES)
