@@ -90,9 +90,7 @@ def test_the_program_is_packed_where_it_should_be(minilm_pair):
 
 
 def _ops(stmts):
-    from linnet.middle.optimize import _stmt_exprs
-
-    return [e for e in _stmt_exprs(stmts) if isinstance(e, ir.Op)]
+    return [e for e in ir.exprs(stmts) if isinstance(e, ir.Op)]
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

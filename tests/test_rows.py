@@ -33,9 +33,7 @@ def _np(x):
 
 
 def _ops(stmts):
-    from linnet.middle.optimize import _stmt_exprs
-
-    return [e for e in _stmt_exprs(stmts) if isinstance(e, ir.Op)]
+    return [e for e in ir.exprs(stmts) if isinstance(e, ir.Op)]
 
 
 def _loops(stmts):

@@ -100,12 +100,12 @@ class _Packer:
         self.slots_type = ir.TensorType((self.B, self.S), "i64")
         # Entries packed by the same mask share their specialisations (`pool` calls `forward`).
         store = shared.setdefault((mask, tokens), ({}, {}, {}))
-        self.memo: dict[tuple, tuple[str, Form, bool]] = store[0]
-        self.functions: dict[str, ir.Function] = store[1]
+        self.clones = ir.Specialisations(program, "packed", store[0], store[1], shared.setdefault("ids", set()))
+        self.memo: dict[tuple, tuple[str, Form, bool]] = self.clones.memo
+        self.functions: dict[str, ir.Function] = self.clones.made
         # The fixed positions each specialisation reads, its callees' included: an entry that
         # reuses one (`logits` calling the `pool` that `pool` packed) keeps them too.
         self.memo_positions: dict[tuple, set[int]] = store[2]
-        self.ids: set[str] = shared.setdefault("ids", set())  # every clone's id, over all stores
         self.positions: set[int] = set()  # fixed positions an index reads, kept too
         self.packed_ops = 0
 
@@ -142,10 +142,6 @@ class _Packer:
         return self.memo[key]
 
     def _clone(self, fn: ir.Function, forms, stmts, body: "_Body") -> tuple[str, bool]:
-        new_id = fn.id + "_packed"
-        while new_id in self.program.functions or new_id in self.ids:
-            new_id += "_"
-        self.ids.add(new_id)
         params = [(name, self.packed_type(t, f.axes[0]) if f.packed else t)
                   for (name, t), f in zip(fn.params, forms)]
         packed_params = {name for (name, _), f in zip(fn.params, forms) if f.packed}
@@ -162,9 +158,7 @@ class _Packer:
         packed = [f"`{name}`" for name in sorted(packed_params)]
         note = (f"packed: {', '.join(packed)} hold only the kept tokens, [{self.tokens}, ...] for [B, S, ...]"
                 if packed else f"packed inside: per-token work runs on the kept tokens, [{self.tokens}, ...]")
-        self.functions[new_id] = ir.Function(new_id, f"{fn.name}_packed", fn.source, fn.block, params, stmts,
-                                             body.result_type, fn.span, fn.generics, sources, [note])
-        return new_id, needs
+        return self.clones.clone(fn, params, stmts, body.result_type, sources, note), needs
 
 
 class _Body:
@@ -173,8 +167,8 @@ class _Body:
     def __init__(self, packer: _Packer, fn: ir.Function, forms: tuple[Form, ...], entry: bool):
         self.p, self.fn, self.entry = packer, fn, entry
         taken = {n for n, _ in fn.params} | ir.bound_names(fn.body)
-        self.rows = _fresh("token_rows", taken)
-        self.slots = _fresh("token_slots", taken)
+        self.rows = ir.fresh("token_rows", taken)
+        self.slots = ir.fresh("token_slots", taken)
         self.env: dict[str, Form] = {name: f for (name, _), f in zip(fn.params, forms)}
         self.changed = any(f.packed for f in forms)
         self.result: Form = PLAIN
@@ -535,29 +529,11 @@ def _unpacked_exact(f: Form) -> bool:
 
 def _mentions(stmts, names: set[str]) -> bool:
     """Whether any statement reads one of `names`."""
-    def walk(e):
-        if isinstance(e, ir.Ref):
-            return e.name in names
-        return isinstance(e, (ir.Op, ir.Call)) and any(walk(a) for a in e.args)
-
-    for stmt in stmts:
-        if isinstance(stmt, ir.Loop):
-            if _mentions(stmt.body, names):
-                return True
-        elif walk(stmt.value):
-            return True
-    return False
+    return any(isinstance(e, ir.Ref) and e.name in names for e in ir.exprs(stmts))
 
 
 def _adjacent(f: Form) -> bool:
     return f.axes is not None and f.axes[1] == f.axes[0] + 1
-
-
-def _fresh(name: str, taken) -> str:
-    candidate, n = name, 2
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
 
 
 # ------------------------------------------------------------------- the pass
@@ -638,10 +614,10 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
                      ir.TensorType((packer.S,), "bool"), line)
         keep = ir.Op("select", (cond, ir.Scalar(1.0, ir.TensorType((), mask_type.dtype)), keep), mask_type, line)
     if packer.positions:
-        name = _fresh("keep", taken)
+        name = ir.fresh("keep", taken)
         body.append(ir.Let(name, keep, line))
         keep = ir.Ref(name, mask_type)
-    rows, slots = _fresh("token_rows", taken), _fresh("token_slots", taken)
+    rows, slots = ir.fresh("token_rows", taken), ir.fresh("token_slots", taken)
     body.append(ir.Let(rows, ir.Call(rows_fn, (keep,), packer.rows_type, line), line))
     body.append(ir.Let(slots, ir.Call(slots_fn, (keep,), packer.slots_type, line), line))
     args = tuple(ir.Ref(n, t) for n, t in fn.params)
@@ -653,7 +629,7 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
              f"{mask} != 0{kept}, as [{packer.tokens}, ...]; attention sees [B, S, ...] (unpacked per call)"]
     if not result.exact:
         notes.append("positions that are not kept hold exactly 0 in the result")
-    wrapper = _fresh(f"{fn.id}_entry", program.functions)
+    wrapper = ir.fresh(f"{fn.id}_entry", program.functions)
     program.functions[wrapper] = ir.Function(wrapper, fn.name, fn.source, fn.block, list(fn.params), body,
                                              fn.result, fn.span, fn.generics, dict(entry.dim_sources), notes)
     fn.name = f"{fn.name}_padded"  # kept for callers that are not packed (another entry)
@@ -698,7 +674,7 @@ def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask
         return made[(_ROWS, mask_type, tokens)], made[(_SLOTS, mask_type, tokens)]
     keep = ir.Ref("keep", mask_type)
     i64 = ir.TensorType((B, S), "i64")
-    rows_id = _fresh("kept_rows", program.functions)
+    rows_id = ir.fresh("kept_rows", program.functions)
     program.functions[rows_id] = ir.Function(
         rows_id, "kept_rows", _ROWS, None, [("keep", mask_type)],
         [ir.Return(ir.Op("pack_index", (keep,), packer.rows_type, line, (("dim", packer.tokens),)), line)],
@@ -713,7 +689,7 @@ def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask
                     flat, line, (("axis", 0),))
     slots = ir.Op("mul", (ir.Op("reshape", (running,), i64, line, (("shape", (B, S)),)), ir.Ref("flags", i64)),
                   i64, line)
-    slots_id = _fresh("kept_slots", program.functions)
+    slots_id = ir.fresh("kept_slots", program.functions)
     program.functions[slots_id] = ir.Function(
         slots_id, "kept_slots", _SLOTS, None, [("keep", mask_type)],
         [ir.Let("flags", flags, line), ir.Return(slots, line)], packer.slots_type, fn.span, {"Tokens": tokens},

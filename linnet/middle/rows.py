@@ -130,8 +130,9 @@ class DeadRows:
 
     def __init__(self, program: ir.Program):
         self.program = program
-        self.memo: dict[tuple[str, Rows | None, bool], Specialised | None] = {}
-        self.made: dict[str, ir.Function] = {}
+        self.clones = ir.Specialisations(program, "rows")
+        self.memo: dict[tuple[str, Rows | None, bool], Specialised | None] = self.clones.memo
+        self.made: dict[str, ir.Function] = self.clones.made
         self.keys = itertools.count()
 
     def specialise(self, fn_id: str, rows: Rows | None, *, entry: bool = False) -> Specialised | None:
@@ -152,15 +153,11 @@ class DeadRows:
         sources = _dim_sources(fn, new_params, params, stmts)
         if sources is None:
             return None  # a dim it still needs is read only from a param it now gets fewer rows of
-        new_id = fn.id + "_rows"
-        while new_id in self.program.functions or new_id in self.made:
-            new_id += "_"
         result = next(s.value.type for s in stmts if isinstance(s, ir.Return))
         note = (f"dead rows (linnet.middle.rows): computes rows [{rows.start}, {rows.stop}) of axis {rows.axis} "
                 "of its result, all that its caller reads" if rows is not None else
                 "dead rows (linnet.middle.rows): computes only the rows that are read of some values")
-        self.made[new_id] = ir.Function(new_id, f"{fn.name}_rows", fn.source, fn.block, new_params, stmts, result,
-                                        fn.span, fn.generics, sources, [note])
+        new_id = self.clones.clone(fn, new_params, stmts, result, sources, note)
         return Specialised(new_id, tuple(params), work, found)
 
 
@@ -500,20 +497,5 @@ def _reachable(program: ir.Program, made: dict[str, ir.Function]) -> dict[str, i
         if fn_id in seen:
             continue
         seen.add(fn_id)
-        todo += [e.function for e in _calls(functions[fn_id].body)]
+        todo += [e.function for e in ir.calls(functions[fn_id].body)]
     return {fn_id: fn for fn_id, fn in made.items() if fn_id in seen}
-
-
-def _calls(stmts):
-    def walk(e):
-        if isinstance(e, ir.Call):
-            yield e
-        if isinstance(e, (ir.Op, ir.Call)):
-            for a in e.args:
-                yield from walk(a)
-
-    for stmt in stmts:
-        if isinstance(stmt, ir.Loop):
-            yield from _calls(stmt.body)
-        else:
-            yield from walk(stmt.value)
