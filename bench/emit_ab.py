@@ -30,14 +30,15 @@ from pathlib import Path
 
 ROOT = Path("/tmp/linnet-emit-ab")
 
-#: variant -> {onnx_graph attribute (or `module.attr`): value}.  "base" is the emitter as
+#: variant -> {`module.attr` of linnet.backends (or `passes:<backend>`, the passes its record
+#: runs): value}.  "base" is the emitter as
 #: committed.  The MultiHeadAttention variants measured in docs/backend-onnx.md ("mha",
 #: "mha_bnsh": `ATTENTION_KERNEL = "multihead"` / `"multihead-bnsh"`) need the emission of
 #: commit a6fc8dc, reverted after they lost; check it out to rerun them.
 VARIANTS: dict[str, dict] = {
     "base": {},
-    "matmul_linear": {"_GEMM_DTYPES": ()},
-    "qkv": {"onnx_runtime.OPTIMIZE": ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")},
+    "matmul_linear": {"onnx_fused.GEMM_DTYPES": ()},
+    "qkv": {"passes:onnx": ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")},
 }
 
 MODELS = {"vit": ("vit-base-patch16-224", "forward", 224), "bert": ("bert-base-uncased", "forward", 128)}
@@ -58,6 +59,14 @@ def export(variant: str, model: str) -> Path:
     import importlib
 
     for name, value in VARIANTS[variant].items():
+        if name.startswith("passes:"):
+            from dataclasses import replace
+
+            from linnet.backends import RECORDS
+
+            backend = name.partition(":")[2]
+            RECORDS[backend] = replace(RECORDS[backend], passes=value)
+            continue
         module_name, _, attr = name.rpartition(".")
         module = importlib.import_module(f"linnet.backends.{module_name or 'onnx_graph'}")
         if not hasattr(module, attr):

@@ -11,7 +11,6 @@ and spread), the logits' max |on - off|, and the machine's load average before a
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -23,14 +22,17 @@ import numpy as np
 def _load(backend: str, folder, dead_rows: bool):
     from linnet import nest
 
-    module = importlib.import_module(f"linnet.backends.{backend}_runtime")
-    saved = module.OPTIMIZE
+    from dataclasses import replace
+
+    from linnet.backends import RECORDS
+
+    saved = RECORDS[backend]
     if not dead_rows:
-        module.OPTIMIZE = tuple(p for p in saved if p != "dead_rows")
+        RECORDS[backend] = replace(saved, passes=tuple(p for p in saved.passes if p != "dead_rows"))
     try:
         return nest.load("vit-base-patch16-224", backend=backend, weights=folder)
     finally:
-        module.OPTIMIZE = saved
+        RECORDS[backend] = saved
 
 
 #: The clock `_seconds` reads: wall time, or this process's CPU time (`--clock cpu`, for one

@@ -189,6 +189,33 @@ _FOLDS = {
 }
 
 
+# --------------------------------------------------------------------- traits
+
+#: What an op is, as the passes see it (`OpDef.kind`).  Each pass derives its sets from these,
+#: so a new op is handled by every pass once its record says which it is:
+#:
+#: * `UNARY`: elementwise on one tensor (`exp`, `cast`; `activation`'s kind is an attr);
+#: * `ELEMENTWISE`: elementwise over operands that broadcast together (`add`, `select`,
+#:   `dropout`, whose rate is one number): result element i reads element i of each operand;
+#: * `REDUCE`: along its `axis` attr, which becomes 1 (`sum`); `SCAN`: along its `axis`,
+#:   which keeps its length (`softmax`, `cumsum`).  Both act on each position of every other
+#:   axis alone, and mix the positions along their own;
+#: * `MOVEMENT`: moves or selects elements without arithmetic (`reshape`, `permute`,
+#:   `transpose`, `index`); `OpDef.rearranges` says which keep every element;
+#: * `STRUCTURED`: none of these; a pass that handles it has a rule of its own for it (`matmul`
+#:   contracts an axis, `take` gathers rows, `concat` joins), and any other pass treats it as
+#:   mixing positions along every axis (computes it whole, or refuses).
+UNARY, ELEMENTWISE, REDUCE, SCAN, MOVEMENT, STRUCTURED = (
+    "unary", "elementwise", "reduce", "scan", "movement", "structured")
+KINDS = (UNARY, ELEMENTWISE, REDUCE, SCAN, MOVEMENT, STRUCTURED)
+
+#: `OpDef.zero_fill`: how zeros at some positions survive the op, over its operands that hold
+#: those positions (`linnet.middle.packing` fills the positions it does not compute with 0):
+#: `ZERO_IF_ALL`, the result is 0 where all of them are 0 (`neg`, a `reshape`); `ZERO_IF_ANY`,
+#: where any of them is (`mul`).  None: no claim.
+ZERO_IF_ALL, ZERO_IF_ANY = "all", "any"
+
+
 # -------------------------------------------------------------------- records
 
 
@@ -206,10 +233,46 @@ class OpDef:
     lower: Callable[[PrimLowering], Any] | None = None
     #: The value of the op on a constant (a compile-time number) argument.
     fold: Callable[[float], float] | None = None
+    #: What it is for the passes: one of `KINDS`.  Every record says (tests/test_ops.py); a
+    #: pass reads a missing kind as `STRUCTURED`, an op it knows nothing of.
+    kind: str | None = None
+    #: For a `MOVEMENT` op: whether every element of its operand reaches the result (a
+    #: reshape or permute does; an `index` selects).
+    rearranges: bool = False
+    #: `ZERO_IF_ALL`, `ZERO_IF_ANY` or None (see those).
+    zero_fill: str | None = None
+    #: The pass that makes it, for an op no program and no lowering writes (`pack_rows`).
+    made_by: str | None = None
+    #: The binary operator lowering makes it from (`+` for `add`).
+    operator: str | None = None
 
     @property
     def is_primitive(self) -> bool:
         return self.signature is not None
+
+    @property
+    def elementwise(self) -> bool:
+        """Acts on each element alone: result element i reads element i of each operand (an
+        operand broadcast along an axis is read whole along it)."""
+        return self.kind in (UNARY, ELEMENTWISE)
+
+    @property
+    def along_axis(self) -> bool:
+        """Acts along its `axis` attr only, on each position of every other axis alone."""
+        return self.kind in (REDUCE, SCAN)
+
+    @property
+    def moves_data(self) -> bool:
+        """Moves or selects values and computes nothing: rewriting it saves no arithmetic."""
+        return self.kind == MOVEMENT
+
+    @property
+    def rule_home(self) -> str:
+        """Where its type rule lives: a rule of `linnet.prims` for a primitive; lowering makes
+        the result type of an operator or an index, and a pass that of the ops it makes."""
+        if self.rule is not None:
+            return f"{self.rule.__module__}.{self.rule.__name__}"
+        return self.made_by or "linnet.middle.lower"
 
     def schema(self) -> str:
         """The attrs as text: `axis: int`."""
@@ -221,63 +284,76 @@ def _primitive(name: str, signature: str, rule, arity=(1,), dtype_generics: int 
 
 
 _AXIS = (("axis", INT),)
+_ZERO_MOVEMENT = dict(kind=MOVEMENT, zero_fill=ZERO_IF_ALL)
+_PACKING = "linnet.middle.packing"
 
 _RECORDS = [
-    *(_primitive(name, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float, fold=_FOLDS[name])
+    *(_primitive(name, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float, fold=_FOLDS[name],
+                 kind=UNARY)
       for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
-                 _binary_broadcast, (2,)) for name in ("maximum", "minimum")),
+                 _binary_broadcast, (2,), kind=ELEMENTWISE) for name in ("maximum", "minimum")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); bool]",
-                 _compare, (2,), lower=_lower_compare) for name in ("less", "greater", "equal")),
+                 _compare, (2,), lower=_lower_compare, kind=ELEMENTWISE) for name in ("less", "greater", "equal")),
     _primitive("select", "select(cond: Tensor[*C; bool], a: Tensor[*A; T], b: Tensor[*B; T]) -> "
-               "Tensor[broadcast(C, A, B); T]", _select, (3,)),
+               "Tensor[broadcast(C, A, B); T]", _select, (3,), kind=ELEMENTWISE),
     _primitive("matmul", "matmul(a: Tensor[*B, M, K; T], b: Tensor[*B, K, N; T]) -> Tensor[*B, M, N; T]",
-               _matmul, (2,)),
-    _primitive("transpose", "transpose(x: Tensor[*S, M, N; T]) -> Tensor[*S, N, M; T]", _transpose),
+               _matmul, (2,), kind=STRUCTURED),
+    _primitive("transpose", "transpose(x: Tensor[*S, M, N; T]) -> Tensor[*S, N, M; T]", _transpose,
+               rearranges=True, **_ZERO_MOVEMENT),
     _primitive("softmax", "softmax(x: Tensor[*S; T: Float], axis = -1) -> Tensor[*S; T]", _softmax, (1, 2),
-               attrs=_AXIS, lower=_lower_axis),
+               attrs=_AXIS, lower=_lower_axis, kind=SCAN),
     *(_primitive(name, f"{name}(x: Tensor[..., N, ...; T], axis) -> Tensor[..., 1, ...; T]  (keeps the axis)",
-                 _reduce, (2,), attrs=_AXIS, lower=_lower_axis) for name in ("sum", "mean", "max")),
+                 _reduce, (2,), attrs=_AXIS, lower=_lower_axis, kind=REDUCE) for name in ("sum", "mean", "max")),
     # Training's regulariser: the identity in eval mode (every inference backend); in train mode
     # each element is zeroed with probability `rate` and the rest scaled by 1 / (1 - rate).
     _primitive("dropout", "dropout(x: Tensor[*S; T: Float], rate: T) -> Tensor[*S; T]  "
-               "(identity in eval mode)", _dropout, (2,)),
+               "(identity in eval mode)", _dropout, (2,), kind=ELEMENTWISE),
     # One of several elementwise functions, picked when the model is built (BERT's `hidden_act`).
     _primitive("activation", "activation(x: Tensor[*S; T: Float], kind) -> Tensor[*S; T]  "
                "(kind: 0 gelu_erf, 1 gelu_tanh, 2 relu, 3 silu)", _activation, (2,),
-               attrs=(("kind", ACTIVATION),), lower=_lower_activation),
+               attrs=(("kind", ACTIVATION),), lower=_lower_activation, kind=UNARY),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
-               _cumsum, (2,), attrs=_AXIS, lower=_lower_axis),
+               _cumsum, (2,), attrs=_AXIS, lower=_lower_axis, kind=SCAN),
     _primitive("concat", "concat(a: Tensor[..., N, ...; T], b: Tensor[..., M, ...; T], axis) -> "
                "Tensor[..., N + M, ...; T]  (other axes equal, or 1 and repeated)", _concat, (3,), attrs=_AXIS,
-               lower=_lower_concat),
-    _primitive("take", "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take, (2,)),
+               lower=_lower_concat, kind=STRUCTURED),
+    _primitive("take", "take(table: Tensor[N, *R; T], ids: Tensor[*S; I: Int]) -> Tensor[*S, *R; T]", _take, (2,),
+               kind=STRUCTURED),
     _primitive("reshape", "reshape(x: Tensor[*S; T], [d1, ..., dn]) -> Tensor[d1, ..., dn; T]  "
-               "(element count proven equal)", _reshape, (2,), attrs=(("shape", DIMS),), lower=_lower_reshape),
+               "(element count proven equal)", _reshape, (2,), attrs=(("shape", DIMS),), lower=_lower_reshape,
+               rearranges=True, **_ZERO_MOVEMENT),
     _primitive("permute", "permute(x: Tensor[d0, ..., dn; T], [p0, ..., pn]) -> Tensor[dp0, ..., dpn; T]",
-               _permute, (2,), attrs=(("perm", INTS),), lower=_lower_permute),
+               _permute, (2,), attrs=(("perm", INTS),), lower=_lower_permute, rearranges=True, **_ZERO_MOVEMENT),
     _primitive("iota", "iota<I: Int>(N: Dim) -> Tensor[N; I]  (0, 1, ..., N - 1)", _iota, dtype_generics=1,
-               attrs=(("n", DIM), ("dtype", DTYPE)), lower=_lower_iota),
+               attrs=(("n", DIM), ("dtype", DTYPE)), lower=_lower_iota, kind=STRUCTURED),
     _primitive("cast", "cast<U>(x: Tensor[*S; T] | Dim) -> Tensor[*S; U]", _cast, dtype_generics=1,
-               attrs=(("dtype", DTYPE),), lower=_lower_cast),
+               attrs=(("dtype", DTYPE),), lower=_lower_cast, kind=UNARY, zero_fill=ZERO_IF_ALL),
     # What lowering makes of operators (`a + b`, `-x`) and of indexing (`x[:, 0]`).
-    *(OpDef(name) for name in ("add", "sub", "mul", "div", "neg")),
-    OpDef("index", (("items", INDEX_ITEMS),)),
+    *(OpDef(name, kind=ELEMENTWISE, zero_fill=ZERO_IF_ANY if name == "mul" else None, operator=operator)
+      for name, operator in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"))),
+    OpDef("neg", kind=UNARY, zero_fill=ZERO_IF_ALL),
+    OpDef("index", (("items", INDEX_ITEMS),), **_ZERO_MOVEMENT),
     # What the packing pass (`linnet.middle.packing`) makes; no program calls them by name.
     # `pack_index(keep: [B, S; int])` -> `[Tokens; i64]`: the row-major flat positions where keep
     # is nonzero (`dim` names the count, a dim only the run time knows).  `pack_rows(x, rows)`
     # gathers those positions of `x: [*P, B, S, *R]` (B at `axis`) into `[*P, Tokens, *R]`;
     # `unpack_rows(x, slots)` puts them back: `slots: [B, S; i64]` holds 1 + the packed row of
     # each kept position and 0 elsewhere, and the positions not kept read 0.
-    OpDef("pack_index", (("dim", DIM),)),
-    OpDef("pack_rows", _AXIS),
-    OpDef("unpack_rows", _AXIS),
+    *(OpDef(name, attrs, kind=STRUCTURED, made_by=_PACKING) for name, attrs in (("pack_index", (("dim", DIM),)),
+                                                              ("pack_rows", _AXIS), ("unpack_rows", _AXIS))),
 ]
 
 #: Every op of the lowered program, by name.
 OPS: dict[str, OpDef] = {op.name: op for op in _RECORDS}
 #: The ops a program calls by name, for the checker (`linnet.prims.PRIMS` is this table).
 PRIMS: dict[str, OpDef] = {name: op for name, op in OPS.items() if op.is_primitive}
+
+
+def named(test: Callable[[OpDef], bool]) -> frozenset[str]:
+    """The names of the ops whose record passes `test`: how a pass gets a set of ops from
+    their traits (`named(lambda op: op.elementwise)`)."""
+    return frozenset(name for name, op in OPS.items() if test(op))
 
 
 def attr_problem(name: str, attrs: tuple[tuple[str, object], ...]) -> str | None:

@@ -23,6 +23,8 @@ for _override in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+# `linnet.middle.optimize` runs `ir.verify` after every pass, so a pass that breaks the IR is named.
+os.environ["LINNET_VERIFY_PASSES"] = "1"
 
 from pathlib import Path  # noqa: E402
 

@@ -23,7 +23,7 @@ import torch
 
 from fixtures.parity import max_diff
 from linnet import nest
-from linnet.backends import onnx_runtime, torch_runtime
+from linnet.backends import RECORDS
 from test_heads import TINY_CONFIG, _right_padded, write_tiny_entry
 
 BACKENDS = ["torch", "onnx", "jax", "stablehlo"]
@@ -129,7 +129,7 @@ def test_optimiser_keeps_fusing_and_folds_the_probabilities_too(tiny_model):
     reads become rows of the fused Q/K/V matmul, and with 2 heads (scale 0.25) the scale is
     folded for both attention paths, once into the weights."""
     entry, checkpoint, root, heads = tiny_model
-    ctx, _ = nest.prepare(entry, weights=checkpoint / "model.safetensors", optimize=torch_runtime.OPTIMIZE)
+    ctx, _ = nest.prepare(entry, weights=checkpoint / "model.safetensors", optimize=RECORDS["torch"].passes)
     applied = ctx.optimized.applied
     assert "Attention.context: fused query, key, value into one Linear<32, 96> `query_key_value`" in applied
     assert "Attention.probabilities: query, key read as rows of the fused `query_key_value`" in applied
@@ -147,7 +147,7 @@ def test_packing_refuses_the_entry_and_keeps_the_others(tiny_model):
     """Packing would hand padded queries zeros; the pass refuses `attentions` and says why,
     while `forward` still runs packed."""
     entry, checkpoint, _, heads = tiny_model
-    ctx, _ = nest.prepare(entry, weights=checkpoint / "model.safetensors", optimize=onnx_runtime.OPTIMIZE)
+    ctx, _ = nest.prepare(entry, weights=checkpoint / "model.safetensors", optimize=RECORDS["onnx"].passes)
     notes = [n for n in ctx.optimized.notes if n.startswith("attentions: not packed")]
     assert len(notes) == 1 and "attention_probabilities" in notes[0]
     assert ctx.program.entries["forward"].packed_by is not None

@@ -189,10 +189,10 @@ def test_padded_linears_are_gemms_over_flattened_rows(minilm_padded_onnx):
 def test_gemm_linear_reads_leading_dims_from_its_input_when_the_entry_lacks_them(
         minilm_checkpoint, transformers_minilm, tmp_path, monkeypatch):
     # The fallback for a Linear whose leading dims are not the entry's: Shape(x)[:-1] + [Out].
-    from linnet.backends import onnx_graph
+    from linnet.backends import onnx_fused
 
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))  # a fresh export, not the cached one
-    monkeypatch.setattr(onnx_graph, "_known", lambda em, expr: False)
+    monkeypatch.setattr(onnx_fused, "_known", lambda em, expr: False)
     model = nest.load("all-minilm-l6-v2", backend="onnx", packing=False, kernels="default")
     graph = onnx.load(str(model.info.generated.parent / "model.forward.onnx"), load_external_data=False).graph
     leading = [n for n in graph.node if n.op_type == "Shape" and n.name.endswith(".forward/Shape")]
@@ -339,12 +339,12 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
         minilm_onnx, minilm_checkpoint, tmp_path, monkeypatch):
     import onnxruntime as ort
 
-    from linnet.backends import onnx_graph as emitter
+    from linnet.backends import onnx_files
     from linnet.backends.onnx_runtime import build
 
     from linnet.backends import integration
 
-    monkeypatch.setattr(emitter, "EXTERNAL_DATA_BYTES", 1024)  # pretend MiniLM is past 2 GiB
+    monkeypatch.setattr(onnx_files, "EXTERNAL_DATA_BYTES", 1024)  # pretend MiniLM is past 2 GiB (`save` reads it)
     # The passes nest.load runs (packing among them), so the built graph is the loaded one.
     ctx, _ = nest.prepare("all-minilm-l6-v2", optimize=nest.backend_passes("onnx", integration("onnx")))
     paths = build(ctx, tmp_path)

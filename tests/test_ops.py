@@ -133,9 +133,11 @@ def test_stablehlo_exports_the_jax_source_so_it_uses_the_jax_table(program, tmp_
 
 
 def test_a_refusal_reaches_the_user_with_its_reason(program, monkeypatch):
+    from linnet.backends import onnx_emissions
+
     refusing = ops.Emissions("onnx", onnx_backend.EMISSIONS)
     refusing.refuse("softmax", "no Softmax in this test's opset")
-    monkeypatch.setattr(onnx_backend, "EMISSIONS", refusing)
+    monkeypatch.setattr(onnx_emissions, "EMISSIONS", refusing)  # the table an emitter reads
     tensors = {"shift": np.zeros(6, np.float32)}
     with pytest.raises(LinnetError) as caught:
         onnx_backend.emit(program, tensors, name="acts", outputs={e: e + "_out" for e in program.entries})
@@ -375,3 +377,137 @@ def test_an_unknown_activation_kind_is_refused_at_the_call(tmp_path):
     assert caught.value.code == "E0602", text
     assert "takes a kind number in 0..3 (0 gelu_erf, 1 gelu_tanh, 2 relu, 3 silu), found 7" in text
     assert "lib.linnet:7" in text  # the call's line
+
+
+# ------------------------------------------------------------------- traits
+
+
+def test_every_op_says_what_it_is_for_the_passes():
+    """A record without a kind (or with one a pass has no reading of) fails here, not silently
+    in packing or dead-row elimination, which would treat the op as unknown and leave it slow."""
+    for name, op in ops.OPS.items():
+        assert op.kind in ops.KINDS, f"`{name}` has no kind; say which of {ops.KINDS} it is"
+        assert op.zero_fill in (None, ops.ZERO_IF_ALL, ops.ZERO_IF_ANY), name
+        if op.along_axis:  # the passes read the axis it acts along from its attrs
+            assert dict(op.attrs).get("axis") is ops.INT, f"`{name}` acts along an axis but has no `axis` attr"
+        if op.rearranges:
+            assert op.moves_data, f"`{name}` rearranges its elements but is not data movement"
+        if op.kind == ops.UNARY and op.is_primitive:
+            assert op.arity[0] >= 1, name
+        # Where the type rule lives names something importable.
+        module, _, attr = op.rule_home.rpartition(".")
+        import importlib
+
+        home = importlib.import_module(op.rule_home) if op.rule is None else importlib.import_module(module)
+        assert op.rule is None or getattr(home, attr) is op.rule
+
+
+def test_the_passes_read_their_sets_from_the_registry():
+    # The sets the passes used to keep by name, as the registry now derives them.
+    assert ops.named(lambda op: op.elementwise) >= {"add", "mul", "exp", "select", "dropout", "cast", "activation"}
+    assert ops.named(lambda op: op.along_axis) == {"softmax", "cumsum", "sum", "mean", "max"}
+    assert ops.named(lambda op: op.moves_data) == {"reshape", "permute", "transpose", "index"}
+    assert ops.named(lambda op: op.zero_fill is not None) == {"neg", "cast", "mul", "reshape", "permute",
+                                                              "transpose", "index"}
+    assert not ops.named(lambda op: op.elementwise) & ops.named(lambda op: op.moves_data or op.along_axis)
+
+
+def _trait_source() -> str:
+    """One entry per op whose claim is cheap to run: each elementwise primitive of one float
+    tensor (or of two), each reduction and scan along axis 0, and the zero-fill claims."""
+    entries = []
+    for name, op in ops.PRIMS.items():
+        if op.kind == ops.UNARY and op.arity == (1,) and op.dtype_generics == 0:
+            entries.append(f"pub entry e_{name}<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {{ return {name}(x) }}")
+        elif op.kind == ops.ELEMENTWISE and op.arity == (2,) and name != "dropout":
+            result = "bool" if "; bool]" in op.signature else "T"  # a comparison
+            entries.append(f"pub entry e_{name}<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; {result}] "
+                           f"{{ return {name}(x, x * 0.5 + shift) }}")
+        elif op.kind == ops.REDUCE:
+            entries.append(f"pub entry e_{name}<B: Dim>(x: Tensor[B, D; T]) -> Tensor[1, D; T] {{ return {name}(x, 0) }}")
+        elif op.kind == ops.SCAN:
+            entries.append(f"pub entry e_{name}<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {{ return {name}(x, 0) }}")
+    zero = {
+        "neg": ("Tensor[B, D; T]", "-x"),
+        "cast": ("Tensor[B, D; f64]", "cast<f64>(x)"),
+        "mul": ("Tensor[B, D; T]", "x * (shift + 3.0)"),
+        "reshape": ("Tensor[B, D, 1; T]", "reshape(x, [B, D, 1])"),
+        "permute": ("Tensor[D, B; T]", "permute(x, [1, 0])"),
+        "transpose": ("Tensor[D, B; T]", "transpose(x)"),
+        "index": ("Tensor[B, 3; T]", "x[:, 1:4]"),
+    }
+    for name, (result, body) in zero.items():
+        entries.append(f"pub entry z_{name}<B: Dim>(x: Tensor[B, D; T]) -> {result} {{ return {body} }}")
+    body = "\n".join(f"    {e}" for e in entries)
+    return f"module acts\n\npub block Acts<D: Dim, T: Float = f32> {{\n    param shift: Tensor[D; T]\n\n{body}\n}}\n"
+
+
+@pytest.fixture(scope="module")
+def trait_model(tmp_path_factory):
+    from linnet import nest
+
+    shift = np.linspace(-1.0, 1.5, 6).astype(np.float32)
+    entry, weights = write_entry(tmp_path_factory.mktemp("traits") / "acts", source=_trait_source(), entry="z_neg",
+                                 shift=shift)
+    return nest.load(entry, backend="torch", weights=weights)
+
+
+def _x(rows: int = 4) -> np.ndarray:
+    return (np.random.default_rng(3).standard_normal((rows, 6)) * 0.8 + 0.3).astype(np.float32)
+
+
+def test_elementwise_ops_act_on_each_element_alone(trait_model):
+    """Changing row 0 of x changes row 0 of the result only (packing runs such ops per token)."""
+    names = [n for n, op in ops.PRIMS.items() if op.elementwise and hasattr(trait_model, f"e_{n}")]
+    assert {"exp", "erf", "maximum", "less"} <= set(names)
+    x = np.abs(_x()) + 0.1  # inside every unary op's domain (log, sqrt, rsqrt)
+    y = x.copy()
+    y[0] += 0.7
+    for name in names:
+        fn = getattr(trait_model, f"e_{name}")
+        a, b = np.asarray(fn(x)), np.asarray(fn(y))
+        np.testing.assert_array_equal(a[1:], b[1:], err_msg=name)
+        assert not np.array_equal(a[0], b[0]) or a.dtype == bool, name
+
+
+def test_along_axis_ops_act_on_each_position_of_the_other_axes_alone(trait_model):
+    """Along axis 0: changing column 0 changes column 0 of the result only."""
+    names = [n for n, op in ops.PRIMS.items() if op.along_axis]
+    x = _x()
+    y = x.copy()
+    y[:, 0] += np.array([0.5, -0.25, 1.0, 2.0], np.float32)
+    for name in names:
+        fn = getattr(trait_model, f"e_{name}")
+        a, b = np.asarray(fn(x)), np.asarray(fn(y))
+        np.testing.assert_array_equal(a[:, 1:], b[:, 1:], err_msg=name)
+        assert not np.array_equal(a[:, 0], b[:, 0]), name
+
+
+def test_ops_that_claim_to_keep_a_zero_fill_map_zero_rows_to_zero(trait_model):
+    """Row 2 of x is zeros (a position packing did not compute); where it lands, the result is 0,
+    and elsewhere it is not (so the check can fail)."""
+    x = _x()
+    x[2] = 0.0
+    for name in ops.named(lambda op: op.zero_fill is not None):
+        got = np.asarray(getattr(trait_model, f"z_{name}")(x))
+        zero, rest = (got[:, 2], np.delete(got, 2, axis=1)) if name in ("permute", "transpose") else (
+            got[2], np.delete(got, 2, axis=0))
+        assert np.all(zero == 0), name
+        assert np.all(rest != 0), name
+
+
+def test_onnx_writes_the_registrys_data_movement_with_data_op_types(tmp_path):
+    """The bf16 CPU variant leaves `DATA_OP_TYPES` nodes in bf16 (ONNX's names, not the
+    registry's); each data-movement op of the registry must be written with those alone, or the
+    variant would compute a pure copy in f32."""
+    entry, _ = write_entry(tmp_path / "acts", source=_trait_source(), entry="z_neg")
+    program = lower(compile_target(locate(entry)).instance)
+    moves = ops.named(lambda op: op.moves_data)
+    names = [f"z_{name}" for name in moves]
+    assert len(names) == 4
+    tensors = {"shift": np.zeros(6, np.float32)}
+    for name in names:
+        sub = replace(program, entries={name: program.entries[name]})
+        (model_file,) = onnx_backend.emit(sub, tensors, name="acts", outputs={name: "out"})
+        types = {node.op_type for node in model_file.model.graph.node}
+        assert types <= onnx_backend.DATA_OP_TYPES, (name, types - onnx_backend.DATA_OP_TYPES)

@@ -3,6 +3,7 @@ and that the optimised program computes the same numbers as the program as writt
 """
 from __future__ import annotations
 
+import re
 import types
 
 import numpy as np
@@ -180,3 +181,74 @@ def test_nest_load_optimises_by_default_and_can_opt_out(minilm_checkpoint):
     # The second load reads the compiled program and the fused weights from the cache.
     again = nest.load("all-minilm-l6-v2", backend="torch", packing=False, kernels="default")
     assert (again(tokens) - optimised(tokens)).abs().max().item() == 0.0
+
+
+# ------------------------------------------------------------- pass infrastructure
+
+
+def test_every_default_pass_is_a_registered_record_in_an_order_it_allows():
+    from linnet.middle.optimize import PASSES, REGISTRY
+
+    assert set(PASSES) <= set(REGISTRY)
+    for i, name in enumerate(PASSES):
+        assert set(REGISTRY[name].requires) <= set(PASSES[:i]), name
+    # The two that compute some values over fewer rows are the ones not claimed bit-exact.
+    assert {name for name, p in REGISTRY.items() if not p.exact} == {"dead_rows", "pack_tokens"}
+
+
+def test_the_runner_refuses_a_pass_before_one_it_requires(bert_program):
+    from linnet.diagnostics import InternalError
+
+    with pytest.raises(InternalError, match="`dead_rows` must run after `fuse_linears`"):
+        optimize(bert_program, passes=("dead_rows", "fuse_linears"))
+    with pytest.raises(ValueError, match="no optimisation pass 'fuse'"):
+        optimize(bert_program, passes=("fuse",))
+
+
+def test_verify_between_passes_names_the_pass_that_broke_the_program(bert_program):
+    from linnet.diagnostics import InternalError
+
+    def drop_a_let(state, exact):  # a broken pass: a variable read but no longer defined
+        fn = next(f for f in state.program.functions.values() if any(isinstance(s, ir.Let) for s in f.body))
+        fn.body[:] = [s for s in fn.body if not isinstance(s, ir.Let)]
+
+    state = types.SimpleNamespace(program=__import__("copy").deepcopy(bert_program))
+    with pytest.raises(InternalError, match="reference to undefined") as caught:
+        ir.run_passes(state, [ir.Pass("fine", lambda s, e: None), ir.Pass("broken", drop_a_let)], verify_each=True)
+    assert caught.value.__notes__ == ["found by ir.verify after the pass `broken`"]
+
+
+def test_verify_checks_call_arity_and_the_types_variables_are_read_at(bert_program):
+    import copy
+    from dataclasses import replace
+
+    from linnet.diagnostics import InternalError
+
+    program = copy.deepcopy(bert_program)
+    fn = next(f for f in program.functions.values()
+              if any(isinstance(e, ir.Call) and e.args for e in ir.exprs(f.body)) and f.body
+              and isinstance(f.body[-1], ir.Return) and isinstance(f.body[-1].value, ir.Call))
+    call = fn.body[-1].value
+    fn.body[-1] = replace(fn.body[-1], value=replace(call, args=call.args[:-1]))
+    with pytest.raises(InternalError, match=f"a call of {call.function} with {len(call.args) - 1} arguments"):
+        ir.verify(program)
+
+    program = copy.deepcopy(bert_program)
+    fn = program.functions[program.entries["forward"].function]
+    name, t = next((n, t) for n, t in fn.params if t is not None)
+    wrong = ir.TensorType(t.dims, "f64" if t.dtype != "f64" else "f32")
+    fn.body = ir.map_stmts(fn.body, lambda e: ir.Ref(name, wrong) if isinstance(e, ir.Ref) and e.name == name else None)
+    with pytest.raises(InternalError, match=re.escape(f"`{name}` is read as {wrong}, but it holds {t}")):
+        ir.verify(program)
+
+
+def test_fresh_names_and_clone_ids_never_collide(bert_program):
+    assert ir.fresh("x", {"x", "x_2"}) == "x_3"
+    assert ir.fresh_id("f_rows", {"f_rows": 1}, {"f_rows_"}) == "f_rows__"
+    clones = ir.Specialisations(bert_program, "rows")
+    fn = bert_program.functions["Attention.context"]
+    first = clones.clone(fn, fn.params, fn.body, fn.result, dict(fn.dim_sources), "a note")
+    second = clones.clone(fn, fn.params, fn.body, fn.result, dict(fn.dim_sources), "a note")
+    assert (first, second) == ("Attention.context_rows", "Attention.context_rows_")
+    assert clones.made[first].name == "context_rows" and clones.made[first].notes == ["a note"]
+    assert first not in bert_program.functions  # the pass decides what to install

@@ -90,9 +90,7 @@ def test_the_program_is_packed_where_it_should_be(minilm_pair):
 
 
 def _ops(stmts):
-    from linnet.middle.optimize import _stmt_exprs
-
-    return [e for e in _stmt_exprs(stmts) if isinstance(e, ir.Op)]
+    return [e for e in ir.exprs(stmts) if isinstance(e, ir.Op)]
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -403,3 +401,17 @@ def test_triton_configs_do_not_change_with_packing(triton_repos):
     assert len(configs) == 6  # the ensemble, its validating step, one model per output
     for config in configs:
         assert (packed / config).read_text() == (padded / config).read_text(), config
+
+
+def test_each_backend_record_names_registered_passes_in_an_order_they_allow():
+    """A backend's record owns its passes (nest only asks it): each is a pass of the registry,
+    after the ones it requires."""
+    from linnet.backends import RECORDS
+    from linnet.middle.optimize import REGISTRY
+
+    assert set(RECORDS) == {"torch", "jax", "stablehlo", "onnx"}
+    for name, record in RECORDS.items():
+        assert set(record.passes) <= set(REGISTRY), name
+        for i, p in enumerate(record.passes):
+            assert not set(REGISTRY[p].requires) & set(record.passes[i + 1:]), (name, p)
+        assert record.passes_for(optimize=False) == ()

@@ -33,9 +33,7 @@ def _np(x):
 
 
 def _ops(stmts):
-    from linnet.middle.optimize import _stmt_exprs
-
-    return [e for e in _stmt_exprs(stmts) if isinstance(e, ir.Op)]
+    return [e for e in ir.exprs(stmts) if isinstance(e, ir.Op)]
 
 
 def _loops(stmts):
@@ -67,21 +65,23 @@ def test_vit_forward_and_embed_compute_the_last_layer_for_the_class_token_only()
 
 
 def test_the_pass_is_listed_and_each_backend_runs_it():
-    from linnet.backends import jax_runtime, onnx_runtime, torch_runtime
+    from linnet.backends import RECORDS
 
     assert "dead_rows" in PASSES
-    for module in (torch_runtime, onnx_runtime, jax_runtime):
-        assert "dead_rows" in module.OPTIMIZE
+    for backend in ("torch", "onnx", "jax"):
+        assert "dead_rows" in RECORDS[backend].passes
 
 
 # --------------------------------------------------------------- parity, pass on against off
 
 
 def _without_dead_rows(monkeypatch, backend: str):
-    import importlib
+    from dataclasses import replace
 
-    module = importlib.import_module(f"linnet.backends.{backend}_runtime")
-    monkeypatch.setattr(module, "OPTIMIZE", tuple(p for p in module.OPTIMIZE if p != "dead_rows"))
+    from linnet.backends import RECORDS
+
+    record = RECORDS[backend]
+    monkeypatch.setitem(RECORDS, backend, replace(record, passes=tuple(p for p in record.passes if p != "dead_rows")))
 
 
 def _pair(monkeypatch, name: str, backend: str, **options):

@@ -1,7 +1,7 @@
 """Backends: one emitter module and one integration module per target.
 
-A backend is plugged in here by name and nothing else in the tree changes.  Its
-integration module (`linnet.backends.<x>_runtime`) provides:
+A backend is plugged in here by name, as one `Backend` record (which passes run for it),
+and nothing else in the tree changes.  Its integration module (`linnet.backends.<x>_runtime`) provides:
 
 * `OPTIONS` — the backend-specific keyword arguments `nest.load` accepts (e.g. `mode`);
 * `open_runtime(ctx: LoadContext, *, device=None, **options)` — returns an object with a
@@ -25,17 +25,71 @@ from .. import __version__, codes
 from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 
+@dataclass(frozen=True)
+class Backend:
+    """One target, as `nest.load`, `linnet build` and the Triton export see it: its integration
+    module (imported only when used), the passes of `linnet.middle.optimize` run for it, and
+    whether its runtime runs a packed program (`pack_tokens`: a token count that depends on the
+    mask).  The keyword options it takes are its module's `OPTIONS`."""
+
+    name: str
+    module: str
+    passes: tuple[str, ...]
+    packing: bool = False
+
+    def passes_for(self, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
+        """The passes to run: `passes`, with `pack_tokens` added or removed by `packing` (None:
+        as `passes` say); `packing=True` on a backend that cannot run packed is refused (E0807)."""
+        passes = self.passes if optimize else ()
+        if packing is False:
+            return tuple(p for p in passes if p != "pack_tokens")
+        if packing is True and "pack_tokens" not in passes:
+            if not self.packing:
+                raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                             f"backend {self.name!r} cannot run a packed program (packing=True): "
+                                             "its runtime takes no token count that depends on the mask "
+                                             "(use packing=None or False)"))
+            passes += ("pack_tokens",)
+        return passes
+
+
+#: Every backend by name.
+RECORDS: dict[str, Backend] = {b.name: b for b in (
+    # Not `pack_tokens` by default: on the 2-core CPU a packed MiniLM batch measured no faster in
+    # eager torch (the gathers and scatters around each attention cost what the smaller GEMMs
+    # save); `packing=True` runs it.
+    Backend("torch", "linnet.backends.torch_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows"),
+            packing=True),
+    # `pack_tokens` among them: measured faster on padded batches and no slower without padding
+    # (docs/backends.md, "Padding-free execution"); the token count is bucketed.
+    Backend("jax", "linnet.backends.jax_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens"),
+            packing=True),
+    # `pack_tokens` only.  The exported artifact is a deliverable of its own, and its
+    # signature.json maps each param to its checkpoint key, so its params must be exactly the
+    # checkpoint's (unfused, unscaled); packing leaves the params alone.  Packed by default, as on
+    # the jax backend (the same XLA program): one export with a symbolic token count, bucketed per call.
+    Backend("stablehlo", "linnet.backends.stablehlo_runtime", ("pack_tokens",), packing=True),
+    # Not `fuse_linears`: ONNX Runtime prepacks every constant MatMul weight, and one [768, 2304]
+    # MatMul measured no faster than three [768, 768] ones (bit-identical, within run-to-run noise
+    # on bert-base, 2-core CPU), so the graph keeps one node per checkpoint matrix
+    # (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
+    Backend("onnx", "linnet.backends.onnx_runtime", ("fold_attention_scale", "dead_rows", "pack_tokens"),
+            packing=True),
+)}
 #: backend name -> integration module.
-BACKENDS: dict[str, str] = {
-    "torch": "linnet.backends.torch_runtime",
-    "jax": "linnet.backends.jax_runtime",
-    "stablehlo": "linnet.backends.stablehlo_runtime",
-    "onnx": "linnet.backends.onnx_runtime",
-}
+BACKENDS: dict[str, str] = {name: b.module for name, b in RECORDS.items()}
 
 
 def available() -> tuple[str, ...]:
     return tuple(BACKENDS)
+
+
+def record(backend: str) -> Backend:
+    """The backend's record; an unknown name is a user error (E0804)."""
+    if backend not in RECORDS:
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND,
+                                     f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"))
+    return RECORDS[backend]
 
 
 def integration(backend: str):

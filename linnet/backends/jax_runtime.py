@@ -34,12 +34,7 @@ from .pysource import import_generated
 
 #: Keyword arguments of `nest.load` this backend takes (`kernels`: `linnet.backends.xla_options`).
 OPTIONS = ("kernels",)
-#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend, `pack_tokens`
-#: among them: measured faster on padded batches and no slower without padding (docs/backends.md,
-#: "Padding-free execution").
-OPTIMIZE = ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")
-#: `packing=True` runs packed, the token count bucketed (see the module doc).
-PACKING = True
+#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 _GPU_NAMES = ("gpu", "cuda")
 

@@ -23,14 +23,7 @@ from ..diagnostics import Diagnostic, LinnetError
 OPTIONS = ("providers", "kernels", "share_weights")
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
-#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `fuse_linears`:
-#: ONNX Runtime prepacks every constant MatMul weight, and one [768, 2304] MatMul measured no
-#: faster than three [768, 768] ones (bit-identical, within run-to-run noise on bert-base,
-#: 2-core CPU), so the graph keeps one node per checkpoint matrix
-#: (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
-OPTIMIZE = ("fold_attention_scale", "dead_rows", "pack_tokens")
-#: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
-PACKING = True
+#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 #: Providers tried by default, best first.  TensorRT is not among them: with dynamic B and S
 #: it builds an engine per new shape profile (minutes); name it in providers= to use it.

@@ -35,15 +35,7 @@ log = logging.getLogger("linnet.backends.stablehlo_export")
 
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ("kernels",)
-#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend: `pack_tokens` only.
-#: The exported artifact is a deliverable of its own, and its signature.json maps each param to
-#: its checkpoint key, so its params must be exactly the checkpoint's (unfused, unscaled);
-#: packing leaves the params alone.  Packed by default, as on the jax backend (the same XLA
-#: program): measured faster on padded batches and no slower without padding
-#: (docs/backends.md, "Padding-free execution").
-OPTIMIZE = ("pack_tokens",)
-#: `packing=True` runs packed: one export with a symbolic token count, bucketed per call.
-PACKING = True
+#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
             "!=": np.not_equal}

@@ -18,13 +18,7 @@ from ..diagnostics import Diagnostic, LinnetError
 from .pysource import import_generated, py_name
 
 MODES = ("eager", "compile", "cudagraphs")
-#: Passes of `linnet.middle.optimize` that `nest.load` runs for this backend.  Not `pack_tokens`
-#: by default: on the 2-core CPU a packed MiniLM batch measured no faster in eager torch (the
-#: gathers and scatters around each attention cost what the smaller GEMMs save); `packing=True`
-#: runs it.
-OPTIMIZE = ("fuse_linears", "fold_attention_scale", "dead_rows")
-#: Whether this backend runs a packed program (`pack_tokens`: a dynamic token count).
-PACKING = True
+#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 #: Keyword arguments of `nest.load` this backend takes.
 OPTIONS = ("mode", "kernels")
 

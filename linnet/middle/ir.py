@@ -10,13 +10,19 @@ only an entry's own dims (B, S) remain symbolic.  What is left is small:
   (`Op`, `Call`, `Ref`, ...) whose every node carries its concrete type and the source
   line it came from, so emitters can write readable, commented code.
 
-`verify()` checks the invariants emitters rely on, among them that every op and its attrs
-are what the op registry declares; tests run it after every lowering.
+`verify()` checks the invariants emitters rely on: every name read is defined, every call
+names a function and passes it as many arguments as it takes, a variable is read at the type
+its `let` gave it, and every op and its attrs are what the op registry declares.  Tests run it
+after every lowering, and after every optimisation pass (`run_passes(..., verify_each=True)`).
+
+Passes share the helpers here: `walk`/`exprs`/`calls` visit expressions, `map_expr`/
+`map_stmts` rewrite them, `fresh`/`fresh_id` make names, `Specialisations` clones functions
+per form of their inputs, and `Pass`/`run_passes` run a sequence of rewrites.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Union
+from dataclasses import dataclass, field, replace
+from typing import Callable, Union
 
 from .. import ops
 from ..diagnostics import InternalError, Span
@@ -273,6 +279,128 @@ class Program:
         return out
 
 
+# ------------------------------------------------------ visiting and rewriting
+
+
+def walk(expr: Expr):
+    """`expr` and every expression inside it, parents before their arguments."""
+    yield expr
+    if isinstance(expr, (Op, Call)):
+        for a in expr.args:
+            yield from walk(a)
+
+
+def exprs(stmts):
+    """Every expression of the statements, those in loop bodies included, in order."""
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            yield from exprs(stmt.body)
+        else:
+            yield from walk(stmt.value)
+
+
+def calls(stmts):
+    """Every call of another function in the statements."""
+    return (e for e in exprs(stmts) if isinstance(e, Call))
+
+
+def map_expr(expr: Expr, fn) -> Expr:
+    """Rebuild `expr` bottom-up; `fn(node)` returns a replacement or None to keep the node.
+    Unchanged subtrees stay the same objects."""
+    if isinstance(expr, (Op, Call)):
+        args = tuple(map_expr(a, fn) for a in expr.args)
+        if args != expr.args:
+            expr = replace(expr, args=args)
+    replaced = fn(expr)
+    return expr if replaced is None else replaced
+
+
+def map_stmts(stmts, fn) -> list:
+    """The statements with `map_expr(value, fn)` applied to every value, in loop bodies too."""
+    out = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            out.append(replace(stmt, body=tuple(map_stmts(stmt.body, fn))))
+        else:
+            out.append(replace(stmt, value=map_expr(stmt.value, fn)))
+    return out
+
+
+def fresh(name: str, taken) -> str:
+    """A local name not in `taken`: `name`, else `name_2`, `name_3`, ..."""
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
+def fresh_id(base: str, *taken) -> str:
+    """A function id in none of `taken`: `base`, else `base_`, `base__`, ..."""
+    while any(base in t for t in taken):
+        base += "_"
+    return base
+
+
+class Specialisations:
+    """Clones of a program's functions, one per function and form of its inputs (what its
+    callers pass, or what they read of its result), for the passes that rewrite a function for
+    its call sites (`linnet.middle.packing`, `linnet.middle.rows`).
+
+    `memo` maps a pass's key (function id, form, ...) to what it made of that function; `made`
+    holds the clones by id, each named `<function>_<tag>`.  Stores may be shared between
+    instances (packing shares one per mask), and `ids` is every id given out, over all stores.
+    """
+
+    def __init__(self, program: Program, tag: str, memo: dict | None = None,
+                 made: dict[str, Function] | None = None, ids: set[str] | None = None):
+        self.program, self.tag = program, tag
+        self.memo: dict = {} if memo is None else memo
+        self.made: dict[str, Function] = {} if made is None else made
+        self.ids: set[str] = set() if ids is None else ids
+
+    def clone(self, fn: Function, params, body, result: TensorType, dim_sources: dict, note: str) -> str:
+        """Add the clone of `fn` with these params, body and result; returns its id."""
+        new_id = fresh_id(f"{fn.id}_{self.tag}", self.program.functions, self.made, self.ids)
+        self.ids.add(new_id)
+        self.made[new_id] = Function(new_id, f"{fn.name}_{self.tag}", fn.source, fn.block, list(params), list(body),
+                                     result, fn.span, fn.generics, dim_sources, [note])
+        return new_id
+
+
+# ------------------------------------------------------------------------ passes
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One rewrite of the optimisation stage: `run(state, exact)` changes `state.program` in
+    place (and whatever else the state records).  `requires`: the passes that must come before
+    it when they run too (ordering, not inclusion); `exact`: whether it keeps every output
+    bit-identical (a pass that computes fewer rows through a smaller GEMM may round otherwise)."""
+
+    name: str
+    run: Callable[[object, bool], None]
+    requires: tuple[str, ...] = ()
+    exact: bool = True
+
+
+def run_passes(state, passes, *, exact: bool = True, verify_each: bool = False) -> None:
+    """Run `passes` (a sequence of `Pass`) in order over `state.program`; with `verify_each`,
+    `verify` the program after each one, so a pass that breaks an invariant is named."""
+    names = [p.name for p in passes]
+    for i, p in enumerate(passes):
+        late = [r for r in p.requires if r in names[i + 1:]]
+        if late:
+            raise InternalError(f"the pass `{p.name}` must run after {', '.join(f'`{r}`' for r in late)}")
+    for p in passes:
+        p.run(state, exact)
+        if verify_each:
+            try:
+                verify(state.program)
+            except InternalError as error:
+                error.add_note(f"found by ir.verify after the pass `{p.name}`")
+                raise
+
+
 # ------------------------------------------------------------------------ verify
 
 
@@ -311,11 +439,19 @@ def _introduced_dims(stmts) -> set[str]:
 
 def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> None:
     defined = {name for name, _ in fn.params}
+    #: The type of each param and `let` (an `Assign`ed variable may change what it holds).
+    types: dict[str, TensorType | None] = dict(fn.params)
 
     def check_expr(expr: Expr) -> None:
         if isinstance(expr, Call):
             if expr.function not in program.functions:
                 raise InternalError(f"{fn.id}: call of unknown function {expr.function}")
+            callee = program.functions[expr.function]
+            if len(expr.args) != len(callee.params):
+                raise InternalError(f"{fn.id}: a call of {callee.id} with {len(expr.args)} arguments; "
+                                    f"it takes {len(callee.params)}")
+        if isinstance(expr, Ref) and types.get(expr.name) is not None and expr.type != types[expr.name]:
+            raise InternalError(f"{fn.id}: `{expr.name}` is read as {expr.type}, but it holds {types[expr.name]}")
         if isinstance(expr, (Op, Call)):
             for d in expr.type.dims:
                 extra = d.free_symbols() - allowed_dims
@@ -348,6 +484,8 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
             check_expr(stmt.value)
             if isinstance(stmt, (Let, Assign)):
                 defined.add(stmt.name)
+                value_type = getattr(stmt.value, "type", None)
+                types[stmt.name] = value_type if isinstance(stmt, Let) and isinstance(value_type, TensorType) else None
 
     def check_range(loop: Loop) -> None:
         subs = {s.name: s for s in program.blocks[fn.block].subs} if fn.block is not None else {}

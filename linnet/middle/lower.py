@@ -25,7 +25,8 @@ from .instantiate import BlockInstance, Instance
 from ..types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
                     number_range, substitute, substitute_dims)
 
-_ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+#: Binary operator -> the op it lowers to, from the registry (`OpDef.operator`).
+_ARITH = {op.operator: name for name, op in ops.OPS.items() if op.operator is not None}
 
 
 def _number(value: int, dtype: str, span) -> float:

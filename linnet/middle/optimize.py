@@ -47,19 +47,19 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from . import ir
+from .. import ops
 from ..arrays import framework_of
 from ..dims import const
 from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR
 from .packing import pack_tokens
 from .rows import dead_rows
 
-#: Passes `optimize` runs by default, in order.  `dead_rows` follows the two that rewrite
-#: blocks' methods in place (they see every caller of a sub, and its clones would be more),
-#: and precedes packing, which packs what is left of the rows it computes.
+#: Passes `optimize` runs by default, in order (each a `REGISTRY` record, which says why).
 PASSES = ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens")
 
 
@@ -92,13 +92,19 @@ class Optimized:
                 for path, _ in self.program.param_paths()}
 
 
-def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bool = True) -> Optimized:
-    """Run the passes over a copy of `program`; `exact=False` also allows rewrites that
-    change rounding (a scale fold that is not a power of two)."""
+def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bool = True,
+             verify_each: bool | None = None) -> Optimized:
+    """Run the passes (by name, from `REGISTRY`) over a copy of `program`; `exact=False` also
+    allows rewrites that change rounding (a scale fold that is not a power of two).
+    `verify_each` runs `ir.verify` after every pass (default: when LINNET_VERIFY_PASSES=1,
+    which the tests set); the result is verified either way."""
+    if verify_each is None:
+        verify_each = os.environ.get("LINNET_VERIFY_PASSES") == "1"
+    unknown = [name for name in passes if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"no optimisation pass {', '.join(map(repr, unknown))}; the passes are {', '.join(REGISTRY)}")
     out = Optimized(copy.deepcopy(program))
-    for name in passes:
-        {"fuse_linears": _fuse_linears, "fold_attention_scale": _fold_attention_scale,
-         "dead_rows": dead_rows, "pack_tokens": pack_tokens}[name](out, exact)
+    ir.run_passes(out, [REGISTRY[name] for name in passes], exact=exact, verify_each=verify_each)
     ir.verify(out.program)
     return out
 
@@ -106,34 +112,9 @@ def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bo
 # ------------------------------------------------------------------ helpers
 
 
-def _walk_exprs(expr: ir.Expr):
-    yield expr
-    if isinstance(expr, (ir.Op, ir.Call)):
-        for a in expr.args:
-            yield from _walk_exprs(a)
-
-
-def _stmt_exprs(stmts):
-    for stmt in stmts:
-        if isinstance(stmt, ir.Loop):
-            yield from _stmt_exprs(stmt.body)
-        else:
-            yield from _walk_exprs(stmt.value)
-
-
-def _map_expr(expr: ir.Expr, fn) -> ir.Expr:
-    """Rebuild `expr` bottom-up; `fn(node)` returns a replacement or None to keep it."""
-    if isinstance(expr, (ir.Op, ir.Call)):
-        args = tuple(_map_expr(a, fn) for a in expr.args)
-        if args != expr.args:
-            expr = replace(expr, args=args)
-    replaced = fn(expr)
-    return expr if replaced is None else replaced
-
-
 def _is_pure(expr: ir.Expr) -> bool:
     """No calls inside: evaluating it twice in one statement gives the same value."""
-    return not any(isinstance(e, ir.Call) for e in _walk_exprs(expr))
+    return not any(isinstance(e, ir.Call) for e in ir.walk(expr))
 
 
 def _block_paths(program: ir.Program, block_id: str) -> list[str]:
@@ -159,13 +140,6 @@ def _is_std_linear(program: ir.Program, fn: ir.Function) -> bool:
             and e.args[0].args[1].args[0].name == "weight")
 
 
-def _unique(name: str, taken) -> str:
-    candidate, n = name, 2
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
-
-
 def _block_functions(program: ir.Program, block_id: str) -> list[ir.Function]:
     """Every function of a block, each specialisation included.
 
@@ -189,7 +163,7 @@ def _fuse_linears(out: Optimized, exact: bool) -> None:
 def _linear_calls(program: ir.Program, block: ir.Block, stmt) -> list[ir.Call]:
     """The calls in `stmt` of the block's single (not arrayed) std Linear subs."""
     subs = {s.name: s for s in block.subs}
-    return [e for e in _walk_exprs(stmt.value)
+    return [e for e in ir.walk(stmt.value)
             if isinstance(e, ir.Call) and e.receiver in subs and subs[e.receiver].count is None
             and _is_std_linear(program, program.functions[e.function])]
 
@@ -226,7 +200,7 @@ def _rewritable(program: ir.Program, block: ir.Block, member: str) -> bool:
     input in a statement outside any loop, so each can become a slice of a fused call."""
     for fn in _block_functions(program, block.id):
         for stmt in fn.body:
-            calls = [e for e in (_stmt_exprs([stmt]) if isinstance(stmt, ir.Loop) else _walk_exprs(stmt.value))
+            calls = [e for e in (ir.exprs([stmt]) if isinstance(stmt, ir.Loop) else ir.walk(stmt.value))
                      if isinstance(e, ir.Call) and e.receiver == member]
             if not calls:
                 continue
@@ -247,8 +221,8 @@ def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, anchor, group:
     total = sum(widths)
     in_dim, dtype = weights[0]["weight"].dims[1], weights[0]["weight"].dtype
     # The fused sub-block: a std Linear<In, sum of Outs>, so every emitter's Linear form applies.
-    fused_block_id = _unique(f"Linear_{in_dim}_{total}", program.blocks)
-    member = _unique("_".join(c.receiver for c in group),
+    fused_block_id = ir.fresh(f"Linear_{in_dim}_{total}", program.blocks)
+    member = ir.fresh("_".join(c.receiver for c in group),
                      {s.name for s in block.subs} | {n for n, _ in block.params})
     wt, bt = ir.TensorType((const(total), in_dim), dtype), ir.TensorType((const(total),), dtype)
     fused_fn_id = f"{fused_block_id}.{first.name}"
@@ -296,7 +270,7 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
     new_body, rewritten = [], []
     for stmt in method.body:
         calls = [] if isinstance(stmt, ir.Loop) else [
-            e for e in _walk_exprs(stmt.value) if isinstance(e, ir.Call) and e.receiver in rows]
+            e for e in ir.walk(stmt.value) if isinstance(e, ir.Call) and e.receiver in rows]
         if not calls:
             new_body.append(stmt)
             continue
@@ -304,7 +278,7 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
         for call in calls:
             if call.args[0] not in locals_by_input:
                 fused = ir.TensorType(call.type.dims[:-1] + (const(total),), dtype)
-                local = _unique(member, taken)
+                local = ir.fresh(member, taken)
                 taken.add(local)
                 new_body.append(ir.Let(local, ir.Call(fused_fn_id, (call.args[0],), fused, stmt.line, member),
                                        stmt.line))
@@ -318,7 +292,7 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
                 ("slice", const(first_row), const(end_row)),)
             return ir.Op("index", (locals_by_input[e.args[0]],), e.type, e.line, (("items", items),))
 
-        new_body.append(replace(stmt, value=_map_expr(stmt.value, as_slice)))
+        new_body.append(replace(stmt, value=ir.map_expr(stmt.value, as_slice)))
         rewritten.append((stmt, sorted({c.receiver for c in calls}, key=list(rows).index)))
     method.body[:] = new_body
     return rewritten
@@ -332,12 +306,18 @@ def _power_of_two(value: float) -> bool:
     return value > 0 and mantissa == 0.5
 
 
+def _rearranges(e: ir.Expr) -> bool:
+    """An op that moves every element of its operand somewhere in its result (a reshape, a
+    permute): scaling all of its operand scales all of its result."""
+    return isinstance(e, ir.Op) and ops.OPS[e.op].moves_data and ops.OPS[e.op].rearranges
+
+
 def _data_movement(program: ir.Program, fn: ir.Function) -> bool:
-    """A free function whose body only reshapes/permutes its one argument."""
+    """A free function whose body only rearranges its one argument (`split_heads`)."""
     if fn.block is not None or len(fn.params) != 1 or len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
         return False
     e = fn.body[0].value
-    while isinstance(e, ir.Op) and e.op in ("reshape", "permute"):
+    while _rearranges(e):
         e = e.args[0]
     return isinstance(e, ir.Ref) and e.name == fn.params[0][0]
 
@@ -381,7 +361,7 @@ def _scaled_attention_calls(program: ir.Program, block: ir.Block, exact: bool) -
         for stmt in fn.body:
             if isinstance(stmt, ir.Loop):
                 continue
-            for e in _walk_exprs(stmt.value):
+            for e in ir.walk(stmt.value):
                 if not (isinstance(e, ir.Call) and program.functions[e.function].source in _SCALED_QUERIES):
                     continue
                 scale = e.args[_SCALED_QUERIES[program.functions[e.function].source]]
@@ -405,7 +385,7 @@ def _read_only_by(program: ir.Program, block: ir.Block, member: str, rows: tuple
     for fn in _block_functions(program, block.id):
         here = [target for f, _, target in found if f is fn]
         lets = {s.name: s.value for s in fn.body if isinstance(s, ir.Let)}
-        exprs = list(_stmt_exprs(fn.body))
+        exprs = list(ir.exprs(fn.body))
         direct = sum(isinstance(e, ir.Call) and e.receiver == member for e in exprs)
         for name, value in lets.items():
             if not (isinstance(value, ir.Call) and value.receiver == member):
@@ -441,7 +421,7 @@ def _set_scale_one(program: ir.Program, calls: set[int], functions: set[str]) ->
         fn = program.functions[fn_id]
         for i, stmt in enumerate(fn.body):
             if not isinstance(stmt, ir.Loop):
-                fn.body[i] = replace(stmt, value=_map_expr(stmt.value, fold))
+                fn.body[i] = replace(stmt, value=ir.map_expr(stmt.value, fold))
 
 
 def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, str | None] | None:
@@ -450,7 +430,7 @@ def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, st
     while True:
         if isinstance(q, ir.Call) and q.receiver is None and _data_movement(program, program.functions[q.function]):
             q = q.args[0]
-        elif isinstance(q, ir.Op) and q.op in ("reshape", "permute"):
+        elif _rearranges(q):
             q = q.args[0]
         else:
             break
@@ -498,3 +478,17 @@ def bind_params(optimized: Optimized, tensors: Mapping[str, Any], *, only_plan: 
             value = framework.scale_rows(value, transform.row_scales, owned=len(parts) > 1)
         out[path] = value
     return out
+
+
+# ----------------------------------------------------------------- registry
+
+#: Every pass by name.  `dead_rows` follows the two that rewrite blocks' methods in place (they
+#: see every caller of a sub, and its clones would be more), and packing packs what is left of
+#: the rows dead-row elimination computes.  Those two compute some values over fewer rows, in a
+#: smaller GEMM that may round otherwise (within 1e-6), so they are not bit-exact.
+REGISTRY: dict[str, ir.Pass] = {p.name: p for p in (
+    ir.Pass("fuse_linears", _fuse_linears),
+    ir.Pass("fold_attention_scale", _fold_attention_scale, requires=("fuse_linears",)),
+    ir.Pass("dead_rows", dead_rows, requires=("fuse_linears", "fold_attention_scale"), exact=False),
+    ir.Pass("pack_tokens", pack_tokens, requires=("dead_rows",), exact=False),
+)}

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from . import ir
+from .. import ops
 from ..dims import DimExpr, const, sym
 from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT
 
@@ -56,16 +57,8 @@ ZERO, ONE, TRUE, NEG = "zero", "one", "true", "neg"
 #: An additive mask at or below this removes a key exactly: exp(-10000) is 0 in f32 and f16.
 NEG_LIMIT = -1e4
 
-_UNARY = {"neg", "erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh", "activation", "cast"}
-_ELEMENTWISE = _UNARY | {"add", "sub", "mul", "div", "maximum", "minimum", "less", "greater", "equal", "select",
-                          "dropout"}  # dropout: elementwise, its rate a scalar
-_ALONG_AXIS = {"softmax", "cumsum", "sum", "mean", "max"}
-#: The same facts for other passes (`linnet.middle.rows`): ops that act on each element alone,
-#: and ops that act along one axis (`axis`), so on each position along every other axis.
-ELEMENTWISE, ALONG_AXIS = frozenset(_ELEMENTWISE), frozenset(_ALONG_AXIS)
 #: The `source` of the two index functions the pass writes (no Linnet file holds them).
 _ROWS, _SLOTS = "linnet.packing::kept_rows", "linnet.packing::kept_slots"
-_KEEPS_ZERO_FILL = {"neg", "cast", "mul", "reshape", "permute", "transpose", "index"}
 
 
 class Refusal(Exception):
@@ -107,12 +100,12 @@ class _Packer:
         self.slots_type = ir.TensorType((self.B, self.S), "i64")
         # Entries packed by the same mask share their specialisations (`pool` calls `forward`).
         store = shared.setdefault((mask, tokens), ({}, {}, {}))
-        self.memo: dict[tuple, tuple[str, Form, bool]] = store[0]
-        self.functions: dict[str, ir.Function] = store[1]
+        self.clones = ir.Specialisations(program, "packed", store[0], store[1], shared.setdefault("ids", set()))
+        self.memo: dict[tuple, tuple[str, Form, bool]] = self.clones.memo
+        self.functions: dict[str, ir.Function] = self.clones.made
         # The fixed positions each specialisation reads, its callees' included: an entry that
         # reuses one (`logits` calling the `pool` that `pool` packed) keeps them too.
         self.memo_positions: dict[tuple, set[int]] = store[2]
-        self.ids: set[str] = shared.setdefault("ids", set())  # every clone's id, over all stores
         self.positions: set[int] = set()  # fixed positions an index reads, kept too
         self.packed_ops = 0
 
@@ -149,10 +142,6 @@ class _Packer:
         return self.memo[key]
 
     def _clone(self, fn: ir.Function, forms, stmts, body: "_Body") -> tuple[str, bool]:
-        new_id = fn.id + "_packed"
-        while new_id in self.program.functions or new_id in self.ids:
-            new_id += "_"
-        self.ids.add(new_id)
         params = [(name, self.packed_type(t, f.axes[0]) if f.packed else t)
                   for (name, t), f in zip(fn.params, forms)]
         packed_params = {name for (name, _), f in zip(fn.params, forms) if f.packed}
@@ -169,9 +158,7 @@ class _Packer:
         packed = [f"`{name}`" for name in sorted(packed_params)]
         note = (f"packed: {', '.join(packed)} hold only the kept tokens, [{self.tokens}, ...] for [B, S, ...]"
                 if packed else f"packed inside: per-token work runs on the kept tokens, [{self.tokens}, ...]")
-        self.functions[new_id] = ir.Function(new_id, f"{fn.name}_packed", fn.source, fn.block, params, stmts,
-                                             body.result_type, fn.span, fn.generics, sources, [note])
-        return new_id, needs
+        return self.clones.clone(fn, params, stmts, body.result_type, sources, note), needs
 
 
 class _Body:
@@ -180,8 +167,8 @@ class _Body:
     def __init__(self, packer: _Packer, fn: ir.Function, forms: tuple[Form, ...], entry: bool):
         self.p, self.fn, self.entry = packer, fn, entry
         taken = {n for n, _ in fn.params} | ir.bound_names(fn.body)
-        self.rows = _fresh("token_rows", taken)
-        self.slots = _fresh("token_slots", taken)
+        self.rows = ir.fresh("token_rows", taken)
+        self.slots = ir.fresh("token_slots", taken)
         self.env: dict[str, Form] = {name: f for (name, _), f in zip(fn.params, forms)}
         self.changed = any(f.packed for f in forms)
         self.result: Form = PLAIN
@@ -337,7 +324,7 @@ class _Body:
         return out, Form(q.axes, exact=q.exact)
 
     def _op(self, e: ir.Op, env):
-        if e.op in ("pack_index", "pack_rows", "unpack_rows"):
+        if ops.OPS[e.op].made_by == __name__:
             self.refuse(e, "the program is already packed")
         args = [self._expr(a, env) for a in e.args]
         forms = [f for _, f in args]
@@ -364,10 +351,10 @@ class _Body:
     def _token_rule(self, e: ir.Op, forms) -> tuple[tuple[int, int] | None, bool]:
         """(token axes of the result, whether the op can run packed); raises Refusal for an op that
         mixes positions and reads a value exact only at kept positions."""
-        op, t = e.op, e.type
+        op, t, record = e.op, e.type, ops.OPS[e.op]
         if all(f.axes is None for f in forms):
             return self.p.token_axes(t) if op == "iota" else None, False
-        if op in _ELEMENTWISE:
+        if record.elementwise:
             axes, ok = None, True
             for a, f in zip(e.args, forms):
                 rank = a.type.rank if hasattr(a, "type") and isinstance(a.type, ir.TensorType) else 0
@@ -396,11 +383,12 @@ class _Body:
             if x.axes and max(x.axes) < r - 2:
                 return x.axes, _adjacent(x)
             return self._mixing(e, forms, None)
-        if op in _ALONG_AXIS:
+        if record.along_axis:
             axis = e.attr("axis") % t.rank
             if x.axes and axis not in x.axes:
                 return x.axes, _adjacent(x)
-            return self._mixing(e, forms, x.axes if op in ("softmax", "cumsum") else None)
+            # Along a token axis: a scan keeps the axes where they were, a reduction drops one.
+            return self._mixing(e, forms, x.axes if record.kind == ops.SCAN else None)
         if op == "take":
             if forms[0].axes is None and forms[1].axes is not None:
                 return forms[1].axes, _adjacent(forms[1])
@@ -463,9 +451,10 @@ class _Body:
 
     def _zero_fill(self, e: ir.Op, forms) -> bool:
         token = [f for f in forms if f.axes is not None]
-        if e.op == "mul":
+        rule = ops.OPS[e.op].zero_fill
+        if rule == ops.ZERO_IF_ANY:
             return any(f.zero_fill for f in token)
-        return e.op in _KEEPS_ZERO_FILL and bool(token) and all(f.zero_fill for f in token)
+        return rule == ops.ZERO_IF_ALL and bool(token) and all(f.zero_fill for f in token)
 
     def _pad_fact(self, e: ir.Op, forms) -> str | None:
         """What the padded program holds at padding, from the facts of the operands."""
@@ -478,7 +467,7 @@ class _Body:
             if facts[0] == TRUE:
                 return ONE if e.attr("dtype") != "bool" else TRUE
             return facts[0] if facts[0] in (ZERO, ONE, NEG) else None
-        if op in ("reshape", "permute", "transpose", "index") or (op == "neg" and facts[0] == ZERO):
+        if ops.OPS[op].moves_data or (op == "neg" and facts[0] == ZERO):
             return facts[0]
         if op == "sub" and consts[0] == 1 and facts[1] == ONE:
             return ZERO
@@ -507,7 +496,7 @@ class _Body:
             perm = attrs["perm"]
             sb = perm[a]
             attrs["perm"] = tuple(q - 1 if q > sb else q for i, q in enumerate(perm) if i != a + 1)
-        elif e.op in _ALONG_AXIS and attrs["axis"] >= 0 and attrs["axis"] > a:
+        elif ops.OPS[e.op].along_axis and attrs["axis"] >= 0 and attrs["axis"] > a:
             attrs["axis"] -= 1
         elif e.op == "index":
             items, sb = attrs["items"], self._index_source_axis(e, a)
@@ -540,29 +529,11 @@ def _unpacked_exact(f: Form) -> bool:
 
 def _mentions(stmts, names: set[str]) -> bool:
     """Whether any statement reads one of `names`."""
-    def walk(e):
-        if isinstance(e, ir.Ref):
-            return e.name in names
-        return isinstance(e, (ir.Op, ir.Call)) and any(walk(a) for a in e.args)
-
-    for stmt in stmts:
-        if isinstance(stmt, ir.Loop):
-            if _mentions(stmt.body, names):
-                return True
-        elif walk(stmt.value):
-            return True
-    return False
+    return any(isinstance(e, ir.Ref) and e.name in names for e in ir.exprs(stmts))
 
 
 def _adjacent(f: Form) -> bool:
     return f.axes is not None and f.axes[1] == f.axes[0] + 1
-
-
-def _fresh(name: str, taken) -> str:
-    candidate, n = name, 2
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
 
 
 # ------------------------------------------------------------------- the pass
@@ -643,10 +614,10 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
                      ir.TensorType((packer.S,), "bool"), line)
         keep = ir.Op("select", (cond, ir.Scalar(1.0, ir.TensorType((), mask_type.dtype)), keep), mask_type, line)
     if packer.positions:
-        name = _fresh("keep", taken)
+        name = ir.fresh("keep", taken)
         body.append(ir.Let(name, keep, line))
         keep = ir.Ref(name, mask_type)
-    rows, slots = _fresh("token_rows", taken), _fresh("token_slots", taken)
+    rows, slots = ir.fresh("token_rows", taken), ir.fresh("token_slots", taken)
     body.append(ir.Let(rows, ir.Call(rows_fn, (keep,), packer.rows_type, line), line))
     body.append(ir.Let(slots, ir.Call(slots_fn, (keep,), packer.slots_type, line), line))
     args = tuple(ir.Ref(n, t) for n, t in fn.params)
@@ -658,7 +629,7 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
              f"{mask} != 0{kept}, as [{packer.tokens}, ...]; attention sees [B, S, ...] (unpacked per call)"]
     if not result.exact:
         notes.append("positions that are not kept hold exactly 0 in the result")
-    wrapper = _fresh(f"{fn.id}_entry", program.functions)
+    wrapper = ir.fresh(f"{fn.id}_entry", program.functions)
     program.functions[wrapper] = ir.Function(wrapper, fn.name, fn.source, fn.block, list(fn.params), body,
                                              fn.result, fn.span, fn.generics, dict(entry.dim_sources), notes)
     fn.name = f"{fn.name}_padded"  # kept for callers that are not packed (another entry)
@@ -703,7 +674,7 @@ def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask
         return made[(_ROWS, mask_type, tokens)], made[(_SLOTS, mask_type, tokens)]
     keep = ir.Ref("keep", mask_type)
     i64 = ir.TensorType((B, S), "i64")
-    rows_id = _fresh("kept_rows", program.functions)
+    rows_id = ir.fresh("kept_rows", program.functions)
     program.functions[rows_id] = ir.Function(
         rows_id, "kept_rows", _ROWS, None, [("keep", mask_type)],
         [ir.Return(ir.Op("pack_index", (keep,), packer.rows_type, line, (("dim", packer.tokens),)), line)],
@@ -718,7 +689,7 @@ def _index_functions(program: ir.Program, packer: _Packer, fn: ir.Function, mask
                     flat, line, (("axis", 0),))
     slots = ir.Op("mul", (ir.Op("reshape", (running,), i64, line, (("shape", (B, S)),)), ir.Ref("flags", i64)),
                   i64, line)
-    slots_id = _fresh("kept_slots", program.functions)
+    slots_id = ir.fresh("kept_slots", program.functions)
     program.functions[slots_id] = ir.Function(
         slots_id, "kept_slots", _SLOTS, None, [("keep", mask_type)],
         [ir.Let("flags", flags, line), ir.Return(slots, line)], packer.slots_type, fn.span, {"Tokens": tokens},

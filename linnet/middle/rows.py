@@ -12,8 +12,8 @@ What the pass knows is one fact per op, about axes, never about models: along wh
 result the op acts *per position* (result row j depends only on row j of some operands and on
 the whole of the others).
 
-* elementwise ops (`add`, `erf`, `select`, ...; the set `linnet.middle.packing` proves token
-  ops with): along every axis; an operand that broadcasts along it (size 1, or absent) is read
+* elementwise ops (`add`, `erf`, `select`, ...: the registry's `OpDef.elementwise`, the trait
+  `linnet.middle.packing` proves token ops with): along every axis; an operand that broadcasts along it (size 1, or absent) is read
   whole;
 * reductions and `softmax`/`cumsum` along another axis than the one indexed; along the indexed
   axis itself a cumsum or a mean mixes the rows, so the pass stops there;
@@ -53,11 +53,9 @@ import itertools
 from dataclasses import dataclass, replace
 
 from . import ir
+from .. import ops
 from ..dims import DimExpr, const
-from .packing import ALONG_AXIS, ELEMENTWISE
 
-#: Ops that only move or select values: rewriting them saves no arithmetic.
-_DATA_MOVEMENT = {"reshape", "permute", "transpose", "index"}
 #: Reads of a variable are written as a Ref to a name no source can spell until the variable's
 #: definition says whether it holds every row or only the ones read (`_Body._resolve`).
 _PENDING = "\0rows-pending-"
@@ -132,8 +130,9 @@ class DeadRows:
 
     def __init__(self, program: ir.Program):
         self.program = program
-        self.memo: dict[tuple[str, Rows | None, bool], Specialised | None] = {}
-        self.made: dict[str, ir.Function] = {}
+        self.clones = ir.Specialisations(program, "rows")
+        self.memo: dict[tuple[str, Rows | None, bool], Specialised | None] = self.clones.memo
+        self.made: dict[str, ir.Function] = self.clones.made
         self.keys = itertools.count()
 
     def specialise(self, fn_id: str, rows: Rows | None, *, entry: bool = False) -> Specialised | None:
@@ -154,15 +153,11 @@ class DeadRows:
         sources = _dim_sources(fn, new_params, params, stmts)
         if sources is None:
             return None  # a dim it still needs is read only from a param it now gets fewer rows of
-        new_id = fn.id + "_rows"
-        while new_id in self.program.functions or new_id in self.made:
-            new_id += "_"
         result = next(s.value.type for s in stmts if isinstance(s, ir.Return))
         note = (f"dead rows (linnet.middle.rows): computes rows [{rows.start}, {rows.stop}) of axis {rows.axis} "
                 "of its result, all that its caller reads" if rows is not None else
                 "dead rows (linnet.middle.rows): computes only the rows that are read of some values")
-        self.made[new_id] = ir.Function(new_id, f"{fn.name}_rows", fn.source, fn.block, new_params, stmts, result,
-                                        fn.span, fn.generics, sources, [note])
+        new_id = self.clones.clone(fn, new_params, stmts, result, sources, note)
         return Specialised(new_id, tuple(params), work, found)
 
 
@@ -347,7 +342,7 @@ class _Body:
         args = self._operand_rows(e, rows)
         if args is None:
             return self._whole(e, rows)
-        if e.op not in _DATA_MOVEMENT:
+        if not ops.OPS[e.op].moves_data:  # rewriting data movement saves no arithmetic
             self.work += 1
         new_args = tuple(self.push(a, r) for a, r in zip(e.args, args))
         attrs = e.attrs
@@ -359,11 +354,11 @@ class _Body:
 
     def _operand_rows(self, e: ir.Op, rows: Rows) -> list[Rows | None] | None:
         """The rows of each operand that `rows` of the result read; None when the op mixes along the axis."""
-        op, axis, rank = e.op, rows.axis, e.type.rank
-        if op in ELEMENTWISE:
+        op, axis, rank, record = e.op, rows.axis, e.type.rank, ops.OPS[e.op]
+        if record.elementwise:
             return [_broadcast_rows(a, rows, rank) for a in e.args]
         x = e.args[0]
-        if op in ALONG_AXIS:
+        if record.along_axis:
             own = (e.attr("axis") if e.attr("axis") is not None else -1) % rank
             return None if own == axis or _tensor_rank(x) != rank else [rows]
         if op == "permute":
@@ -502,20 +497,5 @@ def _reachable(program: ir.Program, made: dict[str, ir.Function]) -> dict[str, i
         if fn_id in seen:
             continue
         seen.add(fn_id)
-        todo += [e.function for e in _calls(functions[fn_id].body)]
+        todo += [e.function for e in ir.calls(functions[fn_id].body)]
     return {fn_id: fn for fn_id, fn in made.items() if fn_id in seen}
-
-
-def _calls(stmts):
-    def walk(e):
-        if isinstance(e, ir.Call):
-            yield e
-        if isinstance(e, (ir.Op, ir.Call)):
-            for a in e.args:
-                yield from walk(a)
-
-    for stmt in stmts:
-        if isinstance(stmt, ir.Loop):
-            yield from _calls(stmt.body)
-        else:
-            yield from walk(stmt.value)

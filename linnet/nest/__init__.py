@@ -540,24 +540,14 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
     return digest.hexdigest()[:24]
 
 
-def backend_passes(backend: str, module, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
-    """The optimisation passes `nest.load` runs for a backend: the ones its integration module
-    names (`OPTIMIZE`, every pass when it names none), with `pack_tokens` added or removed by
-    `packing` (None: the backend's default).  A backend whose module does not say it runs a
-    packed program (`PACKING`) refuses `packing=True` (E0807)."""
-    from ..middle.optimize import PASSES
+def backend_passes(backend: str, module=None, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
+    """The optimisation passes `nest.load` runs for a backend: its record's
+    (`linnet.backends.Backend.passes_for`), with `pack_tokens` added or removed by `packing`
+    (None: the backend's default).  `module` (its integration module) is not read; it is
+    accepted for callers written before the records."""
+    from ..backends import record
 
-    passes = tuple(getattr(module, "OPTIMIZE", PASSES)) if optimize else ()
-    if packing is False:
-        return tuple(p for p in passes if p != "pack_tokens")
-    if packing is True and "pack_tokens" not in passes:
-        if not getattr(module, "PACKING", False):
-            raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
-                                         f"backend {backend!r} cannot run a packed program (packing=True): "
-                                         "its runtime takes no token count that depends on the mask "
-                                         "(use packing=None or False)"))
-        passes += ("pack_tokens",)
-    return passes
+    return record(backend).passes_for(optimize, packing)
 
 
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
@@ -603,8 +593,7 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels,
                                                      "share_weights": share_weights})
     manifest, revision, weights = _manifest(name_or_path, revision, weights)
-    # Each backend says which passes suit what it makes (`OPTIMIZE` in its integration
-    # module; every pass when it does not say).
+    # Each backend's record says which passes suit what it makes (`linnet.backends.RECORDS`).
     passes = backend_passes(backend, module, optimize, packing)
     ctx, info = prepare(manifest, dtype=dtype, revision=revision, weights=weights, optimize=passes)
     runtime = module.open_runtime(ctx, device=device, **options)

@@ -1,0 +1,171 @@
+"""Std functions written as one ONNX kernel each (`FUSED`, keyed by `linnet.kernels`):
+LayerNormalization, attention as MatMul-Softmax-MatMul, Linear as one Gemm, the erf GELU in
+the form ONNX Runtime fuses; and softmax, in f32 for f16/bf16.  Each computes what the Linnet
+body does, and may return None to fall back to the body."""
+from __future__ import annotations
+
+from .. import kernels
+from ..dims import DimExpr, FloorDiv, Mod, Sym, const
+from .onnx_emitter import GraphEmitter, _Frame
+from .onnx_files import elem_type
+
+_LOW_PRECISION = ("f16", "bf16")
+
+
+def softmax(em: GraphEmitter, x: str, dtype: str, axis: int, scope: str, doc: str) -> str:
+    """Softmax; in f16/bf16 the exponentials and their sum are computed in f32."""
+    from onnx import TensorProto
+
+    out = elem_type(dtype)
+    if dtype not in _LOW_PRECISION:
+        return em.node("Softmax", [x], out, scope=scope, doc=doc, axis=axis)
+    wide = em.cast(x, TensorProto.FLOAT, scope, doc + " (softmax in f32)")
+    probs = em.node("Softmax", [wide], TensorProto.FLOAT, scope=scope, doc=doc + " (softmax in f32)", axis=axis)
+    return em.node("Cast", [probs], out, scope=scope, doc=doc, to=out)
+
+
+def _fused_layer_norm(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    from onnx import TensorProto
+
+    fn = frame.fn
+    x, weight, bias, eps = args
+    eps_expr = scalars.get(3)
+    if eps_expr is None:
+        return None  # eps is computed at run time: LayerNormalization wants a number, emit the body
+    dtype = fn.result.dtype
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused LayerNormalization)"
+    inputs = [x, weight] + ([bias] if bias else [])
+    if dtype in _LOW_PRECISION:
+        # Statistics in f32: the sum of squares over the channels overflows f16.
+        doc += ", statistics in f32"
+        inputs = [em.cast(v, TensorProto.FLOAT, scope, doc) for v in inputs]
+        normed = em.node("LayerNormalization", inputs, TensorProto.FLOAT, scope=scope, doc=doc, axis=-1,
+                         epsilon=eps_expr)
+        return em.node("Cast", [normed], elem_type(dtype), scope=scope, doc=doc, to=elem_type(dtype))
+    return em.node("LayerNormalization", inputs, elem_type(dtype), scope=scope, doc=doc, axis=-1, epsilon=eps_expr)
+
+
+def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    fn = frame.fn
+    q, k, v, scale, mask = args
+    dtype = fn.result.dtype
+    out = elem_type(dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (attention: MatMul, Softmax, MatMul)"
+    # The scale multiplies Q (S x Dh per head) rather than the scores (S x S): fewer multiplies.
+    # A scale of exactly 1 (linnet.middle.optimize folded it into the query weights) needs no node.
+    scaled = q if scalars.get(3) == 1.0 else em.node("Mul", [q, scale], out,
+                                                     scope=scope, doc=doc + ", scale folded into Q")
+    rank = fn.params[1][1].rank
+    keys = em.node("Transpose", [k], out, scope=scope, doc=doc, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    scores = em.node("MatMul", [scaled, keys], out, scope=scope, doc=doc)
+    if mask:
+        scores = em.node("Add", [scores, mask], out, scope=scope, doc=doc + ", mask added")
+    probs = softmax(em, scores, dtype, -1, scope, doc)
+    return em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
+
+
+def _fused_attention_dropout(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """Attention with dropout on the probabilities: in an inference graph, attention itself."""
+    return _fused_attention(em, frame, args[:5], scalars)
+
+
+#: Dtypes whose Linear is one 2-D Gemm (f16/bf16 keep MatMul + Add: which providers have
+#: half-precision Gemm kernels varies, and the measured gain is the CPU provider's).
+GEMM_DTYPES = ("f32", "f64")
+
+
+def _fused_linear(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """y = x W^T + b with the weight stored [In, Out].
+
+    f32/f64 with a batch of rows (x of rank >= 2): x flattened to [rows, In], one Gemm with the
+    bias as its C input, reshaped back to [..., Out].  ONNX Runtime fuses MatMul + Add into
+    a Gemm only for 2-D inputs (as the packed graphs' [Tokens, D] rows are); over [B, S, D]
+    it runs MatMul and then a separate pass for the bias.  Measured on CPU (bench/onnx_profile.py,
+    docs/bench.md "Where Linnet ONNX's time goes"): about 1% less time for padded bert-base and
+    ViT-base, outputs within 3e-6.  Otherwise MatMul + Add."""
+    fn = frame.fn
+    params = dict(em.program.blocks[fn.block].params)
+    if "weight" not in params or "bias" not in params:  # not the std Linear this form is for
+        return None
+    out = elem_type(fn.result.dtype)
+    weight = em.param(frame.prefix + "weight", params["weight"], transposed=True)
+    bias = em.param(frame.prefix + "bias", params["bias"])
+    if fn.result.dtype in GEMM_DTYPES and fn.result.rank >= 2:
+        return _linear_as_gemm(em, frame, args[0], weight, bias, params["weight"].dims)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused Linear: MatMul + Add)"
+    y = em.node("MatMul", [args[0], weight], out, scope=scope, doc=doc)
+    return em.node("Add", [y, bias], out, scope=scope, doc=doc)
+
+
+def _linear_as_gemm(em: GraphEmitter, frame: _Frame, x: str, weight: str, bias: str, weight_dims) -> str:
+    """Gemm over x's rows; a rank-3+ x is flattened to [rows, In] around it."""
+    fn = frame.fn
+    out = elem_type(fn.result.dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (fused Linear: Gemm, bias included)"
+    outputs, inputs = weight_dims  # the weight is declared [Out, In]
+    if fn.result.rank == 2:
+        return em.node("Gemm", [x, weight, bias], out, scope=scope, doc=doc)
+    rows = em.node("Reshape", [x, em.shape((const(-1), inputs))], out, scope=scope,
+                   doc=doc + ", rows flattened")
+    y = em.node("Gemm", [rows, weight, bias], out, scope=scope, doc=doc)
+    dims = tuple(frame.resolve(d) for d in fn.result.dims)
+    shape = em.shape(dims) if all(_known(em, d) for d in dims) else _leading_shape(em, x, outputs, scope, doc)
+    return em.node("Reshape", [y, shape], out, scope=scope, doc=doc + ", rows restored")
+
+
+def _known(em: GraphEmitter, expr: DimExpr) -> bool:
+    """Whether `em.dim(expr)` can compute the dim from the entry's input shapes."""
+    for monomial, _ in expr.terms:
+        for atom, _ in monomial:
+            if isinstance(atom, Sym) and atom.name not in em._dim_sources:
+                return False
+            if isinstance(atom, (FloorDiv, Mod)) and not (_known(em, atom.num) and _known(em, atom.den)):
+                return False
+            if not isinstance(atom, (Sym, FloorDiv, Mod)):
+                return False
+    return True
+
+
+def _leading_shape(em: GraphEmitter, x: str, outputs, scope: str, doc: str) -> str:
+    """x's shape with its last axis replaced by `outputs`, read from x at run time: for a
+    Linear whose leading dims are not all dims of the entry's inputs (else the result's
+    declared dims give the shape, the node the attention's reshapes share).  One per x:
+    query, key and value share it."""
+    from onnx import TensorProto
+
+    key = f"leading:{x}:{outputs}"
+    if key not in em._dims:
+        i64 = TensorProto.INT64
+        leading = em.node("Shape", [x], i64, scope=scope, doc=doc + ", leading dims", start=0, end=-1)
+        em._dims[key] = em.node("Concat", [leading, em.dim(outputs)], i64, scope=scope, doc=doc, axis=0)
+    return em._dims[key]
+
+
+def _fused_gelu_erf(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """The erf GELU written in the one operand order ONNX Runtime's GeluFusion matches,
+    `x * (Erf(x / sqrt 2) + 1) * 0.5`; it then runs one Gelu kernel (BiasGelu with the
+    Linear's bias before it).  The body's `0.5 * x * (1 + erf(x * 0.7071...))` is the same
+    formula but is left as five elementwise passes.  Unfused, the two differ only in how
+    x / sqrt 2 rounds (at most 1 ulp of the erf argument)."""
+    fn = frame.fn
+    dtype = fn.result.dtype
+    out = elem_type(dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (gelu_erf in the form ORT fuses into Gelu)"
+    x = args[0]
+    scaled = em.node("Div", [x, em._scalar(1.4142135623730951, dtype)], out, scope=scope, doc=doc)
+    erf = em.node("Erf", [scaled], out, scope=scope, doc=doc)
+    shifted = em.node("Add", [erf, em._scalar(1.0, dtype)], out, scope=scope, doc=doc)
+    product = em.node("Mul", [x, shifted], out, scope=scope, doc=doc)
+    return em.node("Mul", [product, em._scalar(0.5, dtype)], out, scope=scope, doc=doc)
+
+
+#: std function (checked key) -> fused emission; each computes what the Linnet body does.
+#: A fused form may return None to fall back to the body.
+FUSED = {
+    kernels.LAYER_NORM: _fused_layer_norm,
+    kernels.ATTENTION: _fused_attention,
+    kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
+    kernels.LINEAR: _fused_linear,
+    kernels.GELU_ERF: _fused_gelu_erf,
+}
+
