@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_choices, record_decisions, seconds
+from .measured import DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.onnx")
 
@@ -111,7 +111,7 @@ def candidates(threads: int) -> dict[str, dict]:
 def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path | None,
            model_key: str) -> SessionChoice:
     """The fastest exact settings for `model_file` on this machine, measured once and cached."""
-    cached = _read_cache(cache_dir).get(model_key)
+    cached = _CACHE.read(cache_dir).get(model_key)
     if cached is not None:
         return cached
     try:
@@ -121,7 +121,7 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
                     model_file, exc_info=True)
         return SessionChoice({})
     if cache_dir is not None:
-        _write_cache(cache_dir, model_key, choice)
+        _CACHE.record(cache_dir, {model_key: choice})
     log.info("ONNX Runtime session for %s: %s (measured: %s)", model_file.name, choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()))
     return choice
@@ -291,13 +291,5 @@ def machine_key() -> str:
     return f"{cpu_model()}|cores={os.cpu_count()}|onnxruntime={ort.__version__}"
 
 
-def _cache_file(cache_dir: Path) -> Path:
-    return cache_dir / "kernels" / "onnx-session.json"
-
-
-def _read_cache(cache_dir: Path | None) -> dict[str, SessionChoice]:
-    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), SessionChoice)
-
-
-def _write_cache(cache_dir: Path, model_key: str, choice: SessionChoice) -> None:
-    record_decisions(_cache_file(cache_dir), machine_key(), {model_key: vars(choice)})
+_CACHE = DecisionCache("onnx-session.json", machine_key, SessionChoice)
+_cache_file = _CACHE.path

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_choices, record_decisions, seconds
+from .measured import DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.xla")
 
@@ -111,7 +111,7 @@ def user_flag_names(environ=os.environ) -> set[str]:
 
 def choose(*, cache_dir: Path | None) -> XlaChoice:
     """The fastest exact compiler options on this machine, measured once and cached."""
-    cached = _read_cache(cache_dir).get(PROBE_KEY)
+    cached = _CACHE.read(cache_dir).get(PROBE_KEY)
     if cached is not None:
         return cached
     try:
@@ -120,7 +120,7 @@ def choose(*, cache_dir: Path | None) -> XlaChoice:
         log.warning("could not measure XLA compiler options; using XLA's defaults", exc_info=True)
         return XlaChoice({})
     if cache_dir is not None:
-        record_decisions(_cache_file(cache_dir), machine_key(), {PROBE_KEY: vars(choice)})
+        _CACHE.record(cache_dir, {PROBE_KEY: choice})
     log.info("XLA:CPU compiler options: %s (measured: %s%s)", choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()),
              "".join(f"; {k} rejected: {why}" for k, why in choice.rejected.items()))
@@ -347,9 +347,5 @@ def machine_key() -> str:
     return f"{cpu_model()}|cores={os.cpu_count()}|jaxlib={jaxlib.__version__}|XLA_FLAGS={flags}"
 
 
-def _cache_file(cache_dir: Path) -> Path:
-    return cache_dir / "kernels" / "xla-options.json"
-
-
-def _read_cache(cache_dir: Path | None) -> dict[str, XlaChoice]:
-    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), XlaChoice)
+_CACHE = DecisionCache("xla-options.json", machine_key, XlaChoice)
+_cache_file = _CACHE.path
