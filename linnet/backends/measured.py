@@ -22,6 +22,13 @@ from typing import Callable
 
 log = logging.getLogger("linnet.measured")
 
+#: `nest.load(..., kernels=...)` on every backend: "auto" measures and picks; "default" does not.
+KERNEL_CHOICES = ("auto", "default")
+#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
+TOLERANCE = 1e-5
+#: A candidate must beat the default by this factor to be taken (noise margin).
+MIN_SPEEDUP = 1.05
+
 
 def seconds(fn) -> float:
     started = time.perf_counter()

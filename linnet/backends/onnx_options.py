@@ -31,16 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import DecisionCache, cpu_model, median, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.onnx")
 
-#: `nest.load(..., backend="onnx", kernels=...)`: "auto" measures and picks; "default" does not.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
-#: A candidate must beat the default session by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 #: Seconds the timed rounds may take in all (the rounds shrink for slow models, never below 3).
 PROBE_BUDGET_S = 4.0
 #: Sizes tried for each free dim of the probe input, largest first (a model with fewer

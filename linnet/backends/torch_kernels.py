@@ -27,18 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
-from .measured import DecisionCache, cpu_model, median, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.torch")
 
-#: `nest.load(..., kernels=...)`: "auto" measures and picks; "default" keeps F.linear.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |oneDNN - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
 #: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape.
 PROBE_ROWS = 128
-#: oneDNN must beat the default by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 
 
 @dataclass(frozen=True)

@@ -49,16 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import DecisionCache, cpu_model, median, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.xla")
 
-#: `nest.load(..., backend="jax" | "stablehlo", kernels=...)`: "auto" measures; "default" does not.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
-#: A candidate must beat XLA's defaults by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 #: Seconds the timed rounds may take in all (never fewer than 3 rounds, at most 9).
 PROBE_BUDGET_S = 1.5
 #: The probe layer: batch, sequence, model width, heads, feed-forward width (MiniLM's layer).
