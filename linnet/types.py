@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Union
 
 from . import dtypes
-from .dims import DimExpr, const
+from .dims import DimExpr
 
 # The dtype names come from the one table in `linnet.dtypes`, in its order (messages list them so).
 FLOAT_DTYPES = dtypes.names("float")
@@ -231,10 +231,6 @@ def format_binding(value: Binding) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
-
-
-def dim_of_int(n: int) -> DimExpr:
-    return const(n)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ candidates once per machine and keep the decision in a JSON file under
 `$LINNET_CACHE/kernels/`: `{machine key: {what was measured: decision}}`, where the machine key
 names what a timing depends on (CPU model, threads, library version). A cache that cannot be
 read is an empty one; one that cannot be written is skipped, since a probe only costs time.
+Each tuner names its file, machine key and choice record in one `DecisionCache` and keeps
+only its candidates, how it measures them and how it applies the winner.
 """
 from __future__ import annotations
 
@@ -14,9 +16,18 @@ import logging
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("linnet.measured")
+
+#: `nest.load(..., kernels=...)` on every backend: "auto" measures and picks; "default" does not.
+KERNEL_CHOICES = ("auto", "default")
+#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
+TOLERANCE = 1e-5
+#: A candidate must beat the default by this factor to be taken (noise margin).
+MIN_SPEEDUP = 1.05
 
 
 def seconds(fn) -> float:
@@ -74,3 +85,24 @@ def record_decisions(path: Path, machine: str, decisions: dict[str, dict]) -> No
         os.replace(temporary, path)
     except OSError:
         log.debug("could not write the cache %s", path, exc_info=True)
+
+
+@dataclass(frozen=True)
+class DecisionCache:
+    """One tuner's cache of measured choices: `<cache dir>/kernels/<file>`, holding
+    `{machine_key(): {what was measured: vars(kind record)}}`."""
+
+    file: str
+    machine_key: Callable[[], str]
+    kind: type
+
+    def path(self, cache_dir: Path) -> Path:
+        return cache_dir / "kernels" / self.file
+
+    def read(self, cache_dir: Path | None) -> dict:
+        """This machine's choices as `kind` records; empty without a cache dir or a readable file."""
+        return read_choices(None if cache_dir is None else self.path(cache_dir), self.machine_key(), self.kind)
+
+    def record(self, cache_dir: Path, choices: dict) -> None:
+        """Add `choices` ({what was measured: record}) to this machine's, other machines' kept."""
+        record_decisions(self.path(cache_dir), self.machine_key(), {k: vars(c) for k, c in choices.items()})

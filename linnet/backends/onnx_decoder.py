@@ -38,13 +38,6 @@ def present_names(layers: int) -> list[str]:
     return [f"present.{i}.{part}" for i in range(layers) for part in ("key", "value")]
 
 
-def decoder_models(program: ir.Program, tensors: dict, name: str, params_in_place: bool = False) -> dict[str, object]:
-    """{file name: onnx.ModelProto} for the prefill and the one-step graph, weights inline
-    (params_in_place: `GraphEmitter.params_in_place`)."""
-    return {file: _emit(program, tensors, name, past=file == STEP_FILE, params_in_place=params_in_place).model
-            for file in (PREFILL_FILE, STEP_FILE)}
-
-
 def _cache_type(program: ir.Program) -> ir.TensorType:
     return program.entries["decode"].inputs[1][1]  # [Layers + 1, 2, B, Heads, P, Dh]
 

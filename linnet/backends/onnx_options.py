@@ -31,16 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_choices, record_decisions, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.onnx")
 
-#: `nest.load(..., backend="onnx", kernels=...)`: "auto" measures and picks; "default" does not.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
-#: A candidate must beat the default session by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 #: Seconds the timed rounds may take in all (the rounds shrink for slow models, never below 3).
 PROBE_BUDGET_S = 4.0
 #: Sizes tried for each free dim of the probe input, largest first (a model with fewer
@@ -111,7 +106,7 @@ def candidates(threads: int) -> dict[str, dict]:
 def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path | None,
            model_key: str) -> SessionChoice:
     """The fastest exact settings for `model_file` on this machine, measured once and cached."""
-    cached = _read_cache(cache_dir).get(model_key)
+    cached = _CACHE.read(cache_dir).get(model_key)
     if cached is not None:
         return cached
     try:
@@ -121,7 +116,7 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
                     model_file, exc_info=True)
         return SessionChoice({})
     if cache_dir is not None:
-        _write_cache(cache_dir, model_key, choice)
+        _CACHE.record(cache_dir, {model_key: choice})
     log.info("ONNX Runtime session for %s: %s (measured: %s)", model_file.name, choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()))
     return choice
@@ -291,13 +286,5 @@ def machine_key() -> str:
     return f"{cpu_model()}|cores={os.cpu_count()}|onnxruntime={ort.__version__}"
 
 
-def _cache_file(cache_dir: Path) -> Path:
-    return cache_dir / "kernels" / "onnx-session.json"
-
-
-def _read_cache(cache_dir: Path | None) -> dict[str, SessionChoice]:
-    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), SessionChoice)
-
-
-def _write_cache(cache_dir: Path, model_key: str, choice: SessionChoice) -> None:
-    record_decisions(_cache_file(cache_dir), machine_key(), {model_key: vars(choice)})
+_CACHE = DecisionCache("onnx-session.json", machine_key, SessionChoice)
+_cache_file = _CACHE.path

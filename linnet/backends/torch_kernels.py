@@ -27,18 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
-from .measured import cpu_model, median, read_choices, record_decisions, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.torch")
 
-#: `nest.load(..., kernels=...)`: "auto" measures and picks; "default" keeps F.linear.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |oneDNN - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
 #: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape.
 PROBE_ROWS = 128
-#: oneDNN must beat the default by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 
 
 @dataclass(frozen=True)
@@ -59,7 +54,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         return {}
     linears = [_submodule(model, prefix) for block_id, prefix in program.instances()
                if program.blocks[block_id].source == kernels.LINEAR_BLOCK]
-    cached = _read_cache(cache_dir)
+    cached = _CACHE.read(cache_dir)
     choices: dict[str, Choice] = {}
     for module in linears:
         if module.weight.device.type != "cpu" or module.weight.dtype != torch.float32:
@@ -70,7 +65,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         if choices[key].kernel == "onednn" and getattr(module, "linnet_kernel", None) != "onednn":
             install_onednn(module)  # once per module, should two instances name the same one
     if cache_dir is not None and any(k not in cached for k in choices):
-        _write_cache(cache_dir, {**cached, **choices})
+        _CACHE.record(cache_dir, {**cached, **choices})
     used = sum(c.kernel == "onednn" for c in choices.values())
     log.info("torch Linear kernels: oneDNN for %d of %d shapes (%s)", used, len(choices),
              ", ".join(f"{k} x{c.speedup:.2f}" for k, c in choices.items()))
@@ -247,13 +242,5 @@ def machine_key() -> str:
     return f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-def _cache_file(cache_dir: Path) -> Path:
-    return cache_dir / "kernels" / "torch-linear.json"
-
-
-def _read_cache(cache_dir: Path | None) -> dict[str, Choice]:
-    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), Choice)
-
-
-def _write_cache(cache_dir: Path, choices: dict[str, Choice]) -> None:
-    record_decisions(_cache_file(cache_dir), machine_key(), {k: vars(c) for k, c in choices.items()})
+_CACHE = DecisionCache("torch-linear.json", machine_key, Choice)
+_cache_file = _CACHE.path

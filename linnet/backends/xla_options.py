@@ -49,16 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import cpu_model, median, read_choices, record_decisions, seconds
+from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.xla")
 
-#: `nest.load(..., backend="jax" | "stablehlo", kernels=...)`: "auto" measures; "default" does not.
-KERNEL_CHOICES = ("auto", "default")
-#: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
-TOLERANCE = 1e-5
-#: A candidate must beat XLA's defaults by this factor to be taken (noise margin).
-MIN_SPEEDUP = 1.05
 #: Seconds the timed rounds may take in all (never fewer than 3 rounds, at most 9).
 PROBE_BUDGET_S = 1.5
 #: The probe layer: batch, sequence, model width, heads, feed-forward width (MiniLM's layer).
@@ -111,7 +106,7 @@ def user_flag_names(environ=os.environ) -> set[str]:
 
 def choose(*, cache_dir: Path | None) -> XlaChoice:
     """The fastest exact compiler options on this machine, measured once and cached."""
-    cached = _read_cache(cache_dir).get(PROBE_KEY)
+    cached = _CACHE.read(cache_dir).get(PROBE_KEY)
     if cached is not None:
         return cached
     try:
@@ -120,7 +115,7 @@ def choose(*, cache_dir: Path | None) -> XlaChoice:
         log.warning("could not measure XLA compiler options; using XLA's defaults", exc_info=True)
         return XlaChoice({})
     if cache_dir is not None:
-        record_decisions(_cache_file(cache_dir), machine_key(), {PROBE_KEY: vars(choice)})
+        _CACHE.record(cache_dir, {PROBE_KEY: choice})
     log.info("XLA:CPU compiler options: %s (measured: %s%s)", choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()),
              "".join(f"; {k} rejected: {why}" for k, why in choice.rejected.items()))
@@ -347,9 +342,5 @@ def machine_key() -> str:
     return f"{cpu_model()}|cores={os.cpu_count()}|jaxlib={jaxlib.__version__}|XLA_FLAGS={flags}"
 
 
-def _cache_file(cache_dir: Path) -> Path:
-    return cache_dir / "kernels" / "xla-options.json"
-
-
-def _read_cache(cache_dir: Path | None) -> dict[str, XlaChoice]:
-    return read_choices(None if cache_dir is None else _cache_file(cache_dir), machine_key(), XlaChoice)
+_CACHE = DecisionCache("xla-options.json", machine_key, XlaChoice)
+_cache_file = _CACHE.path

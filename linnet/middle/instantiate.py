@@ -386,11 +386,6 @@ def _bad_dims(block: BlockSig, what: str, reason: str, span: Span, env, origins,
                       f"{reason}", span, _origin_notes(sorted(dims), env, origins or {}))
 
 
-def _build_child(sub: SubT, parent_env, path: str, checked: CheckedProgram) -> BlockInstance:
-    child_env = {name: _substitute_binding(value, parent_env) for name, value in sub.bindings}
-    return _build(checked.blocks[sub.block], child_env, path, checked)
-
-
 def _substitute_binding(value: Binding, env) -> Binding:
     if isinstance(value, DimExpr):
         return value.substitute(dims_only(env))

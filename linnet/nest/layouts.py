@@ -126,11 +126,6 @@ LAYER_NORM_SPELLINGS = {
 DEFAULT_LAYER_NORM = "weight/bias"
 
 
-def with_old_layer_norm_names(key: str) -> str:
-    """`key` in the TF-era LayerNorm spelling (`...LayerNorm.gamma`); other keys unchanged."""
-    return _respell(key, LAYER_NORM_SPELLINGS["gamma/beta"])
-
-
 def _respell(key: str, suffixes: dict[str, str]) -> str:
     for new, old in suffixes.items():
         if key.endswith(new):

@@ -192,10 +192,6 @@ class _Files:
                      Note(f"in {self.repo.describe(filename)}"), *notes)
 
 
-def has_pipeline(repo: "RepoFiles") -> bool:
-    return repo.find(MODULES_JSON, what="sentence-transformers file") is not None
-
-
 def read_pipeline(repo: "RepoFiles", name: str) -> Pipeline | None:
     """The repo's sentence-transformers pipeline, or None when it has no modules.json.
 
