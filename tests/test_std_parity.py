@@ -20,7 +20,7 @@ DH = 2 * HALF
 SOURCE = """\
 module parity
 
-use std.nn.attention::{attention, merge_heads, split_heads}
+use std.nn.attention::{attention, grouped_attention, merge_heads, split_heads}
 use std.nn.masks::{causal_mask, padding_mask, positions, sliding_window_mask}
 use std.nn.mlp::{GatedMlp}
 use std.nn.norm::{LayerNorm, RMSNorm}
@@ -82,6 +82,17 @@ where Heads > 0, D % Heads == 0 {
         let h = split_heads<B, S, Heads, D / Heads, T>(x)
         let mask = padding_mask<B, S, T>(attention_mask)
         return merge_heads(attention(h, h * 0.5, h + 1.0, rsqrt(cast<f32>(D / Heads)), some(mask)))
+    }
+
+    // Two query heads per key/value head.
+    pub entry grouped<B: Dim, S: Dim>(
+        q: Tensor[B, Heads * 2, S, Half; T],
+        k: Tensor[B, Heads, S, Half; T],
+        v: Tensor[B, Heads, S, Half; T],
+        attention_mask: Tensor[B, S; i32],
+    ) -> Tensor[B, Heads * 2, S, Half; T] {
+        let mask = causal_mask<B, S, T>(attention_mask)
+        return grouped_attention<B, Heads, 2, S, S, Half, T>(q, k, v, rsqrt(cast<f32>(Half)), mask)
     }
 
     pub entry position_ids<B: Dim, S: Dim>(attention_mask: Tensor[B, S; i32]) -> Tensor[B, S; i32] {
@@ -224,7 +235,12 @@ ROWS = {
     "padded": ((X, MASK), lambda: _sdpa(x_t, attn_mask=torch.from_numpy(MASK != 0)[:, None, None, :])),
 }
 
-MASKED_ROWS = {"causal": RIGHT, "windowed": RIGHT, "padded": MASK}
+MASKED_ROWS = {"causal": RIGHT, "windowed": RIGHT, "padded": MASK, "grouped": RIGHT}
+QG = RNG.standard_normal((B, 2 * HEADS, S, HALF)).astype(np.float32)
+KG, VG = (RNG.standard_normal((B, HEADS, S, HALF)).astype(np.float32) for _ in range(2))
+ROWS["grouped"] = ((QG, KG, VG, RIGHT), lambda: F.scaled_dot_product_attention(
+    torch.from_numpy(QG), torch.from_numpy(KG), torch.from_numpy(VG),
+    attn_mask=torch.tril(torch.ones(S, S, dtype=torch.bool)) & _keys(RIGHT), enable_gqa=True))
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx", "jax"])
@@ -242,7 +258,10 @@ def test_std_block_matches_torch(entry, backend, row):
         # A padded query's row is left out: the optimiser may zero-fill it (dead-row
         # elimination), and no caller reads it; every real token's row must match.
         real = MASKED_ROWS[row] != 0
-        got, expected = got[real], expected[real]
+        if row == "grouped":  # [B, Heads, S, Dh]: the query axis is third
+            got, expected = got.transpose(0, 2, 1, 3)[real], expected.transpose(0, 2, 1, 3)[real]
+        else:
+            got, expected = got[real], expected[real]
     diff = float(np.abs(got - expected).max())
     print(f"\nPARITY {row} {backend} max|diff| {diff:.3g}")
     assert diff <= 1e-5
