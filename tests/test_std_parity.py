@@ -276,3 +276,18 @@ def test_positions_count_real_tokens(entry, backend):
     got = np.asarray(model.position_ids(MASK))
     # Written out by hand: right padding keeps the last real position, left padding starts at 0.
     np.testing.assert_array_equal(got, [[0, 1, 2, 2, 2], [0, 0, 1, 2, 3]])
+
+
+def test_llama_decoder_layer_in_std_terms_checks_in_under_150_lines():
+    from pathlib import Path
+
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "llama_layer.linnet"
+    checked = compile_target(locate(path)).checked
+    # The layer's own code and every std block it leans on were checked.
+    for key in ("llama_layer::DecoderLayer.forward", "std.nn.attention::grouped_attention",
+                "std.nn.rotary::rope_half", "std.nn.mlp::GatedMlp.forward", "std.nn.norm::RMSNorm.forward"):
+        assert key in checked.functions, key
+    assert len(path.read_text(encoding="utf-8").splitlines()) < 150
