@@ -5,6 +5,7 @@
 #   from std/nn/attention.linnet
 #   from std/nn/embedding.linnet
 #   from std/nn/linear.linnet
+#   from std/nn/masks.linnet
 #   from std/nn/norm.linnet
 # Pure functions: `params` is the block's slice of the parameter tree (nested dicts by
 # Linnet name, sub-block arrays as lists); dims are read from the inputs' shapes.
@@ -30,11 +31,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:322)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:323
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:324
 
 
 def embedding(ids, table):
@@ -51,19 +52,19 @@ def layer_norm(x, weight, bias, eps):
 
 
 def LayerNorm_forward(params, x):
-    # bert::LayerNorm.forward<D=384, T=f32, Eps=1e-12, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:49)
-    return layer_norm(x, params["weight"], params["bias"], 1e-12)  # nest/bert-base-uncased/src/lib.linnet:50
+    # std.nn.norm::LayerNorm.forward<D=384, T=f32, Eps=1e-12, S=[B, S]>  (std/nn/norm.linnet:37)
+    return layer_norm(x, params["weight"], params["bias"], 1e-12)  # std/nn/norm.linnet:38
 
 
 def Embeddings_forward(params, tokens, token_types, positions, rng=None):
-    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:60)
-    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:67
-    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:71
+    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:52)
+    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:59
+    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:63
 
 
-def Encoder_positions(params, attention_mask):
-    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
-    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:338
+def positions(attention_mask):
+    # std.nn.masks::positions<B=B, S=S>  (std/nn/masks.linnet:7)
+    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # std/nn/masks.linnet:8
 
 
 def Linear_forward(params, x):
@@ -71,11 +72,16 @@ def Linear_forward(params, x):
     return x @ params["weight"].T + params["bias"]  # fused form of std.nn.linear::Linear.forward
 
 
-def Attention_merge_heads(params, context):
-    # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:147)
-    B = context.shape[0]
-    S = context.shape[2]
-    return Linear_forward(params["out"], jnp.transpose(context, (0, 2, 1, 3)).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:148
+def merge_heads(x):
+    # std.nn.attention::merge_heads<B=B, Heads=12, S=S, Dh=32, T=f32>  (std/nn/attention.linnet:74)
+    B = x.shape[0]
+    S = x.shape[2]
+    return jnp.transpose(x, (0, 2, 1, 3)).reshape(B, S, 384)  # std/nn/attention.linnet:77
+
+
+def Attention_output(params, context):
+    # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:139)
+    return Linear_forward(params["out"], merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:140
 
 
 def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
@@ -85,150 +91,150 @@ def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:153)
+    # std.nn.attention::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (std/nn/attention.linnet:67)
     B = x.shape[0]
     S = x.shape[1]
-    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # nest/bert-base-uncased/src/lib.linnet:156
+    return jnp.transpose(x.reshape(B, S, 12, 32), (0, 2, 1, 3))  # std/nn/attention.linnet:70
 
 
 def Attention_context(params, x, mask, rng=None):
-    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:135)
-    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:136
+    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:127)
+    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:128
 
 
 def Attention_forward(params, x, mask, rng=None):
-    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:106)
-    return Attention_merge_heads(params, Attention_context(params, x, mask, rng))  # nest/bert-base-uncased/src/lib.linnet:107
+    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:98)
+    return Attention_output(params, Attention_context(params, x, mask, rng))  # nest/bert-base-uncased/src/lib.linnet:99
 
 
 def EncoderLayer_forward(params, x, mask, rng=None):
-    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:171)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:173
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:174
+    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:156)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:158
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:159
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:233
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:234
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:235
-    return x  # nest/bert-base-uncased/src/lib.linnet:237
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:211)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:217
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:218
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:219
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:220
+    return x  # nest/bert-base-uncased/src/lib.linnet:222
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:391
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:364)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:370
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:250
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:251
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:252
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:255
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:228)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:234
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:235
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:236
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:236
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:237
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:236
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:236
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:240
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:402
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:197)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:198
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:183
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:412
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:413
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:391
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:392
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:418)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:397)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:424
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:425
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:426
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:427
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:428
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:429
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:403
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:404
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:405
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:406
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:407
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:408
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:329
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:330
-    return x  # nest/bert-base-uncased/src/lib.linnet:332
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:312
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:313
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:314
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:315
+    return x  # nest/bert-base-uncased/src/lib.linnet:317
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:292
+    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:270)
+    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:277
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:434)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:441
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:413)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:420
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
-    # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:76)
-    summed = words + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:82
-    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:83
+    # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:68)
+    summed = words + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:74
+    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:75
 
 
 def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
-    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:302
-    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:303
+    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:281)
+    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:287
+    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:288
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:446)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:452
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:425)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:431
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
-    # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:113)
-    return Attention_merge_heads(params, Attention_context(params, x, mask, rng) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:118
+    # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:105)
+    return Attention_output(params, Attention_context(params, x, mask, rng) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:110
 
 
 def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
-    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:178)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:183
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:184
+    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:163)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:168
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:169
 
 
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:315
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:318
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:319
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:320
-    return x  # nest/bert-base-uncased/src/lib.linnet:322
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:292)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:299
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:300
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:302
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:303
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:304
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:305
+    return x  # nest/bert-base-uncased/src/lib.linnet:307
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:457)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:464
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:436)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:443
 
 
 def Encoder_no_probabilities(params, mask):
-    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:263)
     S = mask.shape[3]
-    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
-    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:264
+    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:265
 
 
 def attention_probabilities(q, k, scale, mask):
@@ -238,32 +244,32 @@ def attention_probabilities(q, k, scale, mask):
 
 
 def Attention_probabilities(params, x, mask):
-    # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:124)
-    return attention_probabilities(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:125
+    # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:116)
+    return attention_probabilities(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:117
 
 
 def EncoderLayer_attention_probabilities(params, x, mask):
-    # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:188)
-    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:189
+    # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
+    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:174
 
 
 def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:267
-    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:269
-    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:270
-        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:272
-        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
-    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
-    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:274
+    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:245)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:251
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:252
+    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:254
+    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:255
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:255
+        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:256
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:257
+        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:255
+    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:255
+    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:259
 
 
 def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:471)
-    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:477
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:450)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:456
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and

@@ -5,6 +5,7 @@
 #   from std/nn/attention.linnet
 #   from std/nn/embedding.linnet
 #   from std/nn/linear.linnet
+#   from std/nn/masks.linnet
 #   from std/nn/norm.linnet
 
 import torch
@@ -22,16 +23,28 @@ def layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, (384,), weight, bias, eps)  # fused kernel for std.nn.norm::layer_norm
 
 
+def positions(attention_mask):
+    # std.nn.masks::positions<B=B, S=S>  (std/nn/masks.linnet:7)
+    return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # std/nn/masks.linnet:8
+
+
+def merge_heads(x):
+    # std.nn.attention::merge_heads<B=B, Heads=12, S=S, Dh=32, T=f32>  (std/nn/attention.linnet:74)
+    B = x.shape[0]
+    S = x.shape[2]
+    return x.permute(0, 2, 1, 3).reshape(B, S, 384)  # std/nn/attention.linnet:77
+
+
 def attention_with_dropout(q, k, v, scale, mask, rate, training):
     # std.nn.attention::attention_with_dropout<Lead=[B, 12], M=[B, 1, 1, S], Q=S, K=S, Dh=32, Dv=32, T=f32>  (std/nn/attention.linnet:30)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate if training else 0.0, scale=scale)  # fused kernel for std.nn.attention::attention_with_dropout
 
 
 def split_heads(x):
-    # bert::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (nest/bert-base-uncased/src/lib.linnet:153)
+    # std.nn.attention::split_heads<B=B, S=S, Heads=12, Dh=32, T=f32>  (std/nn/attention.linnet:67)
     B = x.shape[0]
     S = x.shape[1]
-    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # nest/bert-base-uncased/src/lib.linnet:156
+    return x.reshape(B, S, 12, 32).permute(0, 2, 1, 3)  # std/nn/attention.linnet:70
 
 
 def attention_probabilities(q, k, scale, mask):
@@ -41,7 +54,7 @@ def attention_probabilities(q, k, scale, mask):
 
 
 class LayerNorm(nn.Module):
-    """bert::LayerNorm<D=384, T=f32, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:45)"""
+    """std.nn.norm::LayerNorm<D=384, T=f32, Eps=1e-12>  (std/nn/norm.linnet:33)"""
 
     def __init__(self):
         super().__init__()
@@ -49,12 +62,12 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(384, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x):
-        # bert::LayerNorm.forward<D=384, T=f32, Eps=1e-12, S=[B, S]>  (nest/bert-base-uncased/src/lib.linnet:49)
-        return layer_norm(x, self.weight, self.bias, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:50
+        # std.nn.norm::LayerNorm.forward<D=384, T=f32, Eps=1e-12, S=[B, S]>  (std/nn/norm.linnet:37)
+        return layer_norm(x, self.weight, self.bias, 1e-12)  # std/nn/norm.linnet:38
 
 
 class Embeddings(nn.Module):
-    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:54)"""
+    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:46)"""
 
     def __init__(self):
         super().__init__()
@@ -64,14 +77,14 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm()
 
     def forward(self, tokens, token_types, positions):
-        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:60)
-        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:67
-        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:71
+        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:52)
+        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:59
+        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:63
 
     def forward_embedded(self, words, token_types, positions):
-        # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:76)
-        summed = words + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:82
-        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:83
+        # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:68)
+        summed = words + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:74
+        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:75
 
 
 class Linear_384_384(nn.Module):
@@ -88,7 +101,7 @@ class Linear_384_384(nn.Module):
 
 
 class Attention(nn.Module):
-    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:94)"""
+    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:86)"""
 
     def __init__(self):
         super().__init__()
@@ -97,27 +110,25 @@ class Attention(nn.Module):
         self.value = Linear_384_384()
         self.out = Linear_384_384()
 
-    def merge_heads(self, context):
-        # bert::Attention.merge_heads<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:147)
-        B = context.shape[0]
-        S = context.shape[2]
-        return self.out(context.permute(0, 2, 1, 3).reshape(B, S, 384))  # nest/bert-base-uncased/src/lib.linnet:148
+    def output(self, context):
+        # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:139)
+        return self.out(merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:140
 
     def context(self, x, mask):
-        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:135)
-        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:136
+        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:127)
+        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:128
 
     def forward(self, x, mask):
-        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:106)
-        return self.merge_heads(self.context(x, mask))  # nest/bert-base-uncased/src/lib.linnet:107
+        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:98)
+        return self.output(self.context(x, mask))  # nest/bert-base-uncased/src/lib.linnet:99
 
     def forward_head_masked(self, x, mask, heads):
-        # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:113)
-        return self.merge_heads(self.context(x, mask) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:118
+        # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:105)
+        return self.output(self.context(x, mask) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:110
 
     def probabilities(self, x, mask):
-        # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:124)
-        return attention_probabilities(split_heads(self.query(x)), split_heads(self.key(x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:125
+        # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:116)
+        return attention_probabilities(split_heads(self.query(x)), split_heads(self.key(x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:117
 
 
 class Linear_384_1536(nn.Module):
@@ -147,7 +158,7 @@ class Linear_1536_384(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:159)"""
+    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:144)"""
 
     def __init__(self):
         super().__init__()
@@ -158,22 +169,22 @@ class EncoderLayer(nn.Module):
         self.output_norm = LayerNorm()
 
     def forward(self, x, mask):
-        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:171)
-        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:173
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:174
+        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:156)
+        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:158
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:159
 
     def forward_head_masked(self, x, mask, heads):
-        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:178)
-        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:183
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:184
+        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:163)
+        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:168
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:169
 
     def attention_probabilities(self, x, mask):
-        # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:188)
-        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:189
+        # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
+        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:174
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:204)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:189)"""
 
     def __init__(self):
         super().__init__()
@@ -181,96 +192,92 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:322)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
-
-    def positions(self, attention_mask):
-        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
-        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:338
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:323
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:324
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:233
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:234
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:235
-        return x  # nest/bert-base-uncased/src/lib.linnet:237
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:211)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:217
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:218
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:219
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:220
+        return x  # nest/bert-base-uncased/src/lib.linnet:222
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:250
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:251
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:252
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:255
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:228)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:234
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:235
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:236
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:236
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:237
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:236
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:236
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:240
 
     def layers_forward(self, embedded, attention_mask):
-        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
-        x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:329
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:330
-        return x  # nest/bert-base-uncased/src/lib.linnet:332
+        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:312
+        x = embedded  # nest/bert-base-uncased/src/lib.linnet:313
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:314
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:315
+        return x  # nest/bert-base-uncased/src/lib.linnet:317
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:292
+        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:270)
+        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:277
 
     def forward_embedded(self, inputs_embeds, token_types, attention_mask):
-        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
-        x = self.embeddings.forward_embedded(inputs_embeds, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:302
-        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
+        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:281)
+        x = self.embeddings.forward_embedded(inputs_embeds, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:287
+        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:288
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:315
-        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:318
-            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:319
-            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:320
-        return x  # nest/bert-base-uncased/src/lib.linnet:322
+        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:292)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:299
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:300
+        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:302
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:303
+            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:304
+            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:305
+        return x  # nest/bert-base-uncased/src/lib.linnet:307
 
     def no_probabilities(self, mask):
-        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:263)
         S = mask.shape[3]
-        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
-        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:264
+        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:265
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:267
-        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:269
-        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:270
-            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:272
-            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
-        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
-        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:274
+        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:245)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:251
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:252
+        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:254
+        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:255
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:255
+            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:256
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:257
+            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:255
+        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:255
+        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:259
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:194)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:179)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:197)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:198
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:183
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:357)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:336)"""
 
     def __init__(self):
         super().__init__()
@@ -278,41 +285,41 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:391
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:364)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:370
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:402
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:412
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:413
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:391
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:392
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:418)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:397)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:424
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:425
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:426
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:427
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:428
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:429
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:403
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:404
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:405
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:406
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:407
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:408
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:434)
-        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:441
+        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:413)
+        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:420
 
     def forward_embeds(self, inputs_embeds, token_types, attention_mask):
-        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:446)
-        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:452
+        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:425)
+        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:431
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:457)
-        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:464
+        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:436)
+        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:443
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:471)
-        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:477
+        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:450)
+        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:456
