@@ -30,11 +30,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:347)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:348
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:349
 
 
 def embedding(ids, table):
@@ -62,8 +62,8 @@ def Embeddings_forward(params, tokens, token_types, positions, rng=None):
 
 
 def Encoder_positions(params, attention_mask):
-    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
-    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:338
+    # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:341)
+    return jnp.maximum(jnp.cumsum(1 - (attention_mask == 0).astype(jnp.int32), axis=1, dtype=jnp.int32) - 1, 0)  # nest/bert-base-uncased/src/lib.linnet:342
 
 
 def Linear_forward(params, x):
@@ -108,76 +108,76 @@ def EncoderLayer_forward(params, x, mask, rng=None):
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:233
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:234
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:235
-    return x  # nest/bert-base-uncased/src/lib.linnet:237
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:230)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:236
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:237
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:238
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:239
+    return x  # nest/bert-base-uncased/src/lib.linnet:241
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:391
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:381)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:250
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:251
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:252
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:255
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:247)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:253
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:254
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:255
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:255
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:256
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:255
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:255
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:259
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:402
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:381)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:197)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:198
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:195)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:196
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:412
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:413
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:384)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:391
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:418)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:424
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:425
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:426
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:427
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:428
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:429
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:402
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:403
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:404
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:405
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:406
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:407
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:329
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:330
-    return x  # nest/bert-base-uncased/src/lib.linnet:332
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:330)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:331
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:332
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:333
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:334
+    return x  # nest/bert-base-uncased/src/lib.linnet:336
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:292
+    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:289)
+    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:296
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:434)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:441
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:411
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
@@ -187,14 +187,14 @@ def Embeddings_forward_embedded(params, words, token_types, positions, rng=None)
 
 
 def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
-    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:302
-    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:303
+    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:300)
+    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:306
+    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:307
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:446)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:452
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:411
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
@@ -209,26 +209,26 @@ def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
 
 
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:315
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:318
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:319
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:320
-    return x  # nest/bert-base-uncased/src/lib.linnet:322
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:318
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:319
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:321
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:322
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:323
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:324
+    return x  # nest/bert-base-uncased/src/lib.linnet:326
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:457)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:464
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:411
 
 
 def Encoder_no_probabilities(params, mask):
-    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:282)
     S = mask.shape[3]
-    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
-    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:283
+    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:284
 
 
 def attention_probabilities(q, k, scale, mask):
@@ -244,26 +244,26 @@ def Attention_probabilities(params, x, mask):
 
 def EncoderLayer_attention_probabilities(params, x, mask):
     # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:188)
-    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:189
+    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:188
 
 
 def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:267
-    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:269
-    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:270
-        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:272
-        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
-    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
-    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:274
+    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:264)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:270
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, Encoder_positions(params, attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:271
+    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:273
+    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:274
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:274
+        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:275
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:276
+        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:274
+    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:274
+    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:278
 
 
 def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:471)
-    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:477
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:411
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and

@@ -169,11 +169,11 @@ class EncoderLayer(nn.Module):
 
     def attention_probabilities(self, x, mask):
         # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:188)
-        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:189
+        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:188
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:204)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:202)"""
 
     def __init__(self):
         super().__init__()
@@ -181,96 +181,96 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:343)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:347)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:344
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:345
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:348
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:349
 
     def positions(self, attention_mask):
-        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:337)
-        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:338
+        # bert::Encoder.positions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:341)
+        return torch.clamp(torch.cumsum(1 - (attention_mask == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1, min=0)  # nest/bert-base-uncased/src/lib.linnet:342
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:226)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:232
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:233
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:234
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:235
-        return x  # nest/bert-base-uncased/src/lib.linnet:237
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:230)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:236
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:237
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:238
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:239
+        return x  # nest/bert-base-uncased/src/lib.linnet:241
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:243)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:249
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:250
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:251
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:251
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:252
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:251
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:251
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:255
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:247)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:253
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:254
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:255
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:255
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:256
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:255
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:255
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:259
 
     def layers_forward(self, embedded, attention_mask):
-        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:327
-        x = embedded  # nest/bert-base-uncased/src/lib.linnet:328
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:329
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:330
-        return x  # nest/bert-base-uncased/src/lib.linnet:332
+        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:330)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:331
+        x = embedded  # nest/bert-base-uncased/src/lib.linnet:332
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:333
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:334
+        return x  # nest/bert-base-uncased/src/lib.linnet:336
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:292
+        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:289)
+        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:296
 
     def forward_embedded(self, inputs_embeds, token_types, attention_mask):
-        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
-        x = self.embeddings.forward_embedded(inputs_embeds, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:302
-        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
+        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:300)
+        x = self.embeddings.forward_embedded(inputs_embeds, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:306
+        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:307
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:307)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:314
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:315
-        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:317
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:318
-            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:319
-            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:320
-        return x  # nest/bert-base-uncased/src/lib.linnet:322
+        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:318
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:319
+        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:321
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:322
+            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:323
+            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:324
+        return x  # nest/bert-base-uncased/src/lib.linnet:326
 
     def no_probabilities(self, mask):
-        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:278)
+        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:282)
         S = mask.shape[3]
-        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:279
-        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:280
+        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:283
+        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:284
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:260)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:266
-        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:267
-        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:269
-        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:270
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:270
-            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:271
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:272
-            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:270
-        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:270
-        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:274
+        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:264)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:270
+        x = self.embeddings(tokens, token_types, self.positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:271
+        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:273
+        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:274
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:274
+            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:275
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:276
+            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:274
+        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:274
+        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:278
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:194)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:192)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:197)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:198
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:195)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:196
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:357)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:359)"""
 
     def __init__(self):
         super().__init__()
@@ -278,41 +278,41 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:391
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:381)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:402
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:381)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:412
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:413
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:384)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:390
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:391
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:418)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:396)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:424
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:425
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:426
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:427
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:428
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:429
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:402
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:403
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:404
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:405
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:406
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:407
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:434)
-        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:441
+        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:411
 
     def forward_embeds(self, inputs_embeds, token_types, attention_mask):
-        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:446)
-        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:452
+        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:411
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:457)
-        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:464
+        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:411
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:471)
-        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:477
+        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:411)
+        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:411
