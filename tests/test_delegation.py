@@ -133,3 +133,16 @@ def test_bert_delegated_entries_report_preconditions_at_the_callees_clause():
     # PreTraining.forward delegates to Model.forward, which delegates to Encoder.forward.
     assert source[by_entry["forward"] - 1].strip().startswith("where S <= MaxPositions")
     assert encoder_forward < by_entry["forward"] < encoder_forward + 10
+
+
+def test_a_tree_resolved_twice_gains_its_delegated_entries_once(tmp_path):
+    """Was: E0110 for every delegation when a harness resolved the same parsed tree again (test_fuzz)."""
+    from linnet.front.resolve import _Delegations
+    path = tmp_path / "m.linnet"
+    path.write_text(INNER + "pub block Outer<D: Dim> {\n    sub inner: Inner<D, f32>\n    pub use inner.forward\n}\n")
+    program = load_file(path)
+    errors = []
+    _Delegations(errors).expand(program.modules.values())
+    assert errors == []
+    outer = next(i for i in program.roots[0].tree.items if i.name == "Outer")
+    assert [f.name for f in outer.functions] == ["forward"]

@@ -359,6 +359,7 @@ class Block:
     name_span: Span
     doc: str = ""
     delegates: list[Delegate] = field(default_factory=list)  # expanded into `functions` by the resolver
+    delegates_expanded: bool = False  # set once they are in `functions`: a tree resolved twice gains them once
 
 
 @dataclass(eq=False)

@@ -252,7 +252,7 @@ class _Delegations:
 
     def _block(self, block: ast.Block, via: ast.Delegate | None) -> bool:
         """Expand `block`'s delegations; False where it is part of a cycle (reported at `via`)."""
-        state = self.state.get(id(block))
+        state = "done" if block.delegates_expanded else self.state.get(id(block))
         if state == "done":
             return True
         if state == "expanding":
@@ -282,6 +282,7 @@ class _Delegations:
         for shift, (position, function) in enumerate(placed):
             block.functions.insert(position + shift, function)
         self.state[id(block)] = "done"
+        block.delegates_expanded = True
         return True
 
     def _function(self, block: ast.Block, info: ModuleInfo, d: ast.Delegate) -> ast.Function | None:
