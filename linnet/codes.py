@@ -103,6 +103,13 @@ BAD_PACKAGE_NAME: Final = _register("E0107", "bad-package-name", "resolve",
 BAD_TARGET_PATH: Final = _register("E0108", "bad-target-path", "resolve",
     "a path given to `linnet check`/`build` is missing, or is neither a `.linnet` file, a package nor "
     "a zoo entry")
+BAD_DELEGATION: Final = _register("E0109", "bad-delegation", "resolve",
+    "`use field.entry` in a block names no member, a member that is not a single block, or an entry "
+    "that block does not have")
+DELEGATION_CLASH: Final = _register("E0110", "delegation-clash", "resolve",
+    "a delegated name is also defined in the block, or delegated twice")
+DELEGATION_CYCLE: Final = _register("E0111", "delegation-cycle", "resolve",
+    "delegated entries that forward to each other in a cycle")
 
 # -- check: types, dims and where clauses (check/, prims.py)
 UNKNOWN_NAME: Final = _register("E0201", "unknown-name", "check", "an unknown name or dim")

@@ -62,21 +62,25 @@ def test_bert_source_parses_into_its_blocks_and_functions():
                                                 "Layers", "T", "HiddenDropout", "AttentionDropout", "HiddenAct",
                                                 "Eps"]
     assert [g.kind for g in model.generics][-3:] == ["Real", "Real", "Real"]
-    assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("forward", True, True),
-                                                                         ("hidden_states", True, True),
-                                                                         ("pool", True, True),
+    assert [(f.name, f.is_entry, f.public) for f in model.functions] == [("pool", True, True),
                                                                          ("embed", True, True),
-                                                                         ("forward_positioned", True, True),
-                                                                         ("forward_embeds", True, True),
-                                                                         ("forward_head_masked", True, True),
-                                                                         ("attentions", True, True),
-                                                                         ("word_table", False, True),
                                                                          ("pool_hidden", False, True)]
+    # The encoder's entries are delegated (`pub use encoder.{...}`); the resolver expands them.
+    assert [(d.field, d.callee, d.name, d.public) for d in model.delegates] == [
+        ("encoder", "forward", "forward", True), ("encoder", "hidden_states", "hidden_states", True),
+        ("encoder", "forward_positioned", "forward_positioned", True),
+        ("encoder", "forward_embedded", "forward_embeds", True),
+        ("encoder", "forward_head_masked", "forward_head_masked", True),
+        ("encoder", "attentions", "attentions", True), ("encoder", "word_table", "word_table", True)]
+    # Each where its `use` stands: two before `pool`, the rest after `embed`.
+    assert [d.position for d in model.delegates] == [0, 0, 2, 2, 2, 2, 2]
     assert len(model.where) == 2
     pretraining = blocks["PreTraining"]
     assert [(f.name, f.is_entry) for f in pretraining.functions] == [
-        ("forward", True), ("hidden_states", True), ("pool", True), ("embed", True), ("forward_positioned", True),
-        ("forward_embeds", True), ("forward_head_masked", True), ("attentions", True), ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
+        ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
+    assert [(d.field, d.name) for d in pretraining.delegates] == [
+        ("bert", "forward"), ("bert", "hidden_states"), ("bert", "pool"), ("bert", "embed"),
+        ("bert", "forward_positioned"), ("bert", "forward_embeds"), ("bert", "forward_head_masked"), ("bert", "attentions")]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")

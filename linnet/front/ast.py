@@ -332,6 +332,21 @@ class SubDecl:
 
 
 @dataclass(eq=False)
+class Delegate:
+    """`pub use bert.forward as encode` inside a block: one delegated entry of the sub-block `field`."""
+
+    public: bool
+    field: str
+    field_span: Span
+    callee: str
+    callee_span: Span
+    name: str  # the name it gets in this block (`callee` unless renamed with `as`)
+    name_span: Span
+    span: Span
+    position: int = 0  # how many of the block's functions are declared before it, to keep entry order
+
+
+@dataclass(eq=False)
 class Block:
     name: str
     public: bool
@@ -343,6 +358,8 @@ class Block:
     span: Span
     name_span: Span
     doc: str = ""
+    delegates: list[Delegate] = field(default_factory=list)  # expanded into `functions` by the resolver
+    delegates_expanded: bool = False  # set once they are in `functions`: a tree resolved twice gains them once
 
 
 @dataclass(eq=False)

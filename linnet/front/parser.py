@@ -266,7 +266,30 @@ class _ToAst(Transformer):
             subs=[m for m in members if isinstance(m, ast.SubDecl)],
             functions=[m for m in members if isinstance(m, ast.Function)],
             span=self._s(meta), name_span=self._t(name),
+            delegates=self._delegates(members),
         )
+
+    @staticmethod
+    def _delegates(members) -> list[ast.Delegate]:
+        delegates, functions = [], 0
+        for member in members:
+            if isinstance(member, ast.Function):
+                functions += 1
+            elif isinstance(member, list):
+                for delegate in member:
+                    delegate.position = functions
+                    delegates.append(delegate)
+        return delegates
+
+    def delegate_decl(self, meta, children):
+        public, field, *names = children
+        return [ast.Delegate(public, str(field), self._t(field), callee, callee_span, name, name_span,
+                             self._s(meta)) for callee, callee_span, name, name_span in names]
+
+    def delegate_name(self, meta, children):
+        callee, *alias = children
+        target = alias[0] if alias else callee
+        return (str(callee), self._t(callee), str(target), self._t(target))
 
     def param_decl(self, meta, children):
         name, type_ = children

@@ -8,6 +8,7 @@ its `use`s, and builds each module's scope: its own items plus what it imports.
 """
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,7 @@ class Resolver:
         return "modules are " + ", ".join(roots)
 
     def finish(self, roots: list[ModuleInfo]) -> Program:
+        _Delegations(self.errors).expand(self.modules.values())
         if self.errors:
             raise LinnetError(self.errors, self.sources)
         return Program(self.modules, roots, self.sources)
@@ -220,3 +222,131 @@ def load_std(sources: SourceMap | None = None) -> Program:
         parts = ["std", *file.relative_to(std_dir()).with_suffix("").parts]
         roots.append(resolver.load(".".join(parts), file))
     return resolver.finish(roots)
+
+
+class _Delegations:
+    """Expands `pub use field.{entry, other as name}` in blocks into ordinary forwarding functions.
+
+    Each delegated function is the callee's declaration with the sub-block's generic arguments put
+    in for the callee block's generics: the same generics, inputs (defaults too), result and where
+    clauses, whose spans stay the callee's so a precondition message points at the clause that
+    states it.  Its body is `return field.entry(inputs...)`, so the checker, lowering and every
+    backend see a plain function.  Blocks are expanded callee first (a delegation may name a
+    delegated entry); a chain that comes back to a block being expanded is a cycle.
+    """
+
+    def __init__(self, errors: list[Diagnostic]):
+        self.errors = errors
+        self.state: dict[int, str] = {}  # id(block) -> "expanding" | "done"
+        self.home: dict[int, ModuleInfo] = {}
+
+    def expand(self, modules) -> None:
+        blocks = []
+        for info in modules:
+            for item in info.tree.items:
+                if isinstance(item, ast.Block):
+                    self.home[id(item)] = info
+                    blocks.append(item)
+        for block in blocks:
+            self._block(block, None)
+
+    def _block(self, block: ast.Block, via: ast.Delegate | None) -> bool:
+        """Expand `block`'s delegations; False where it is part of a cycle (reported at `via`)."""
+        state = "done" if block.delegates_expanded else self.state.get(id(block))
+        if state == "done":
+            return True
+        if state == "expanding":
+            if via is not None:
+                self.errors.append(Diagnostic(
+                    codes.DELEGATION_CYCLE, f"`{via.field}.{via.callee}` delegates back to block `{block.name}`, "
+                    "whose delegations are being expanded", via.callee_span))
+            return False
+        self.state[id(block)] = "expanding"
+        info = self.home[id(block)]
+        defined = {f.name: f.name_span for f in block.functions}
+        delegated: dict[str, Span] = {}
+        placed: list[tuple[int, ast.Function]] = []
+        for delegate in block.delegates:
+            function = self._function(block, info, delegate)
+            if delegate.name in defined or delegate.name in delegated:
+                first = defined.get(delegate.name) or delegated[delegate.name]
+                how = "defined" if delegate.name in defined else "delegated"
+                self.errors.append(Diagnostic(
+                    codes.DELEGATION_CLASH, f"block `{block.name}` already has `{delegate.name}`: it is {how} "
+                    "in the block", delegate.name_span, (Note(f"{how} here", first),)))
+                continue
+            delegated[delegate.name] = delegate.name_span
+            if function is not None:
+                placed.append((delegate.position, function))
+        # Where the `use` stands among the block's functions, so entries keep the written order.
+        for shift, (position, function) in enumerate(placed):
+            block.functions.insert(position + shift, function)
+        self.state[id(block)] = "done"
+        block.delegates_expanded = True
+        return True
+
+    def _function(self, block: ast.Block, info: ModuleInfo, d: ast.Delegate) -> ast.Function | None:
+        sub = next((s for s in block.subs if s.name == d.field), None)
+        if sub is None:
+            param = next((p for p in block.params if p.name == d.field), None)
+            if param is not None:
+                self._bad(d.field_span, f"`{d.field}` is a param of block `{block.name}`, not a sub-block; "
+                          "only a sub-block's entries can be delegated")
+            else:
+                self._bad(d.field_span, f"block `{block.name}` has no sub-block `{d.field}`",
+                          "delegation names a `sub` of this block: `pub use <sub>.<entry>`")
+            return None
+        if not isinstance(sub.type, ast.BlockRef):
+            self._bad(d.field_span, f"`{d.field}` is an array of blocks; delegation needs a single sub-block",
+                      "write the entry by hand, e.g. with `static for` over the array")
+            return None
+        target = info.scope.get(sub.type.name)
+        if target is None or not isinstance(target[1], ast.Block):
+            return None  # the checker reports the sub's unknown or non-block type
+        callee_block: ast.Block = target[1]
+        if not self._block(callee_block, d):
+            return None
+        callee = next((f for f in callee_block.functions if f.name == d.callee), None)
+        if callee is None and any(other.name == d.callee for other in callee_block.delegates):
+            return None  # a delegation that failed, reported where it is
+        if callee is None:
+            names = ", ".join(f"`{f.name}`" for f in callee_block.functions) or "none"
+            self._bad(d.callee_span, f"block `{callee_block.name}` (sub-block `{d.field}`) has no entry "
+                      f"`{d.callee}`", f"its functions: {names}")
+            return None
+        mapping = {}
+        for index, generic in enumerate(callee_block.generics):
+            if index < len(sub.type.args):
+                mapping[generic.name] = sub.type.args[index]
+            elif generic.default is not None:
+                mapping[generic.name] = generic.default
+        for generic in callee.generics:
+            mapping.pop(generic.name, None)
+        copy = lambda node: _substitute(node, mapping)  # noqa: E731
+        span = d.span
+        body = [ast.Return(ast.MethodCall(ast.Name(d.field, d.field_span), d.callee,
+                                          [ast.Name(p.name, d.callee_span) for p in callee.params],
+                                          span, d.callee_span), span)]
+        return ast.Function(d.name, d.public, callee.is_entry, copy(callee.generics), copy(callee.params),
+                            copy(callee.result), copy(callee.where), body, span, d.name_span, callee.doc)
+
+    def _bad(self, span: Span, message: str, note: str | None = None) -> None:
+        notes = (Note(note, None),) if note else ()
+        self.errors.append(Diagnostic(codes.BAD_DELEGATION, message, span, notes))
+
+
+def _substitute(node, mapping: dict):
+    """A copy of a signature node with the callee block's generics replaced by the sub's arguments."""
+    if isinstance(node, list):
+        return [_substitute(n, mapping) for n in node]
+    if isinstance(node, ast.DimName) and node.name in mapping:
+        return _substitute(mapping[node.name], {})
+    if isinstance(node, ast.NamedTypeNode) and node.name in mapping:
+        arg = mapping[node.name]
+        if isinstance(arg, (ast.DimName, ast.NamedTypeNode)):
+            return ast.NamedTypeNode(arg.name, node.span)
+        return node
+    if dataclasses.is_dataclass(node) and not isinstance(node, Span):
+        changes = {f.name: _substitute(getattr(node, f.name), mapping) for f in dataclasses.fields(node)}
+        return dataclasses.replace(node, **changes)
+    return node

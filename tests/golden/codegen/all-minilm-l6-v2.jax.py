@@ -31,11 +31,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:322)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:323
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:324
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:327
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:328
 
 
 def embedding(ids, table):
@@ -114,76 +114,76 @@ def EncoderLayer_forward(params, x, mask, rng=None):
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:211)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:217
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:218
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:219
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:220
-    return x  # nest/bert-base-uncased/src/lib.linnet:222
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:215)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:221
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:222
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:223
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:224
+    return x  # nest/bert-base-uncased/src/lib.linnet:226
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:364)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:370
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:360
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:228)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:234
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:235
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:236
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:236
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:237
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:236
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:236
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:240
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:232)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:238
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:239
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:240
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:240
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:241
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:240
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:240
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:244
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:360
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:183
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:180)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:181
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:391
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:392
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:363)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:369
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:370
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:397)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:403
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:404
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:405
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:406
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:407
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:408
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:382
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:383
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:384
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:385
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:386
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:312
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:313
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:314
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:315
-    return x  # nest/bert-base-uncased/src/lib.linnet:317
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:315)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:316
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:317
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:318
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:319
+    return x  # nest/bert-base-uncased/src/lib.linnet:321
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:270)
-    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:277
+    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
+    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:281
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:413)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:420
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:390
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
@@ -193,14 +193,14 @@ def Embeddings_forward_embedded(params, words, token_types, positions, rng=None)
 
 
 def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:281)
-    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:287
-    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:288
+    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
+    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:291
+    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:292
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:425)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:431
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
@@ -215,26 +215,26 @@ def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
 
 
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:292)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:299
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:300
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:302
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:303
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:304
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:305
-    return x  # nest/bert-base-uncased/src/lib.linnet:307
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:304
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:306
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:307
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:308
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:309
+    return x  # nest/bert-base-uncased/src/lib.linnet:311
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:436)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:443
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
 
 
 def Encoder_no_probabilities(params, mask):
-    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:263)
+    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:267)
     S = mask.shape[3]
-    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:264
-    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:265
+    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:268
+    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:269
 
 
 def attention_probabilities(q, k, scale, mask):
@@ -250,26 +250,26 @@ def Attention_probabilities(params, x, mask):
 
 def EncoderLayer_attention_probabilities(params, x, mask):
     # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
-    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:174
+    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:173
 
 
 def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:245)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:251
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:252
-    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:254
-    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:255
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:255
-        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:256
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:257
-        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:255
-    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:255
-    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:259
+    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:249)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:255
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:256
+    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:258
+    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:259
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:259
+        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:260
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:261
+        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:259
+    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:259
+    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:263
 
 
 def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:450)
-    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:456
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and

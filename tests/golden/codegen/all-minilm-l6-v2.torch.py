@@ -180,11 +180,11 @@ class EncoderLayer(nn.Module):
 
     def attention_probabilities(self, x, mask):
         # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
-        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:174
+        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:173
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:189)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:187)"""
 
     def __init__(self):
         super().__init__()
@@ -192,92 +192,92 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:322)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:323
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:324
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:327
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:328
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:211)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:217
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:218
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:219
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:220
-        return x  # nest/bert-base-uncased/src/lib.linnet:222
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:215)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:221
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:222
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:223
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:224
+        return x  # nest/bert-base-uncased/src/lib.linnet:226
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:228)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:234
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:235
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:236
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:236
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:237
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:236
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:236
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:240
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:232)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:238
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:239
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:240
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:240
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:241
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:240
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:240
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:244
 
     def layers_forward(self, embedded, attention_mask):
-        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:311)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:312
-        x = embedded  # nest/bert-base-uncased/src/lib.linnet:313
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:314
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:315
-        return x  # nest/bert-base-uncased/src/lib.linnet:317
+        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:315)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:316
+        x = embedded  # nest/bert-base-uncased/src/lib.linnet:317
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:318
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:319
+        return x  # nest/bert-base-uncased/src/lib.linnet:321
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:270)
-        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:277
+        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
+        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:281
 
     def forward_embedded(self, inputs_embeds, token_types, attention_mask):
-        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:281)
-        x = self.embeddings.forward_embedded(inputs_embeds, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:287
-        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:288
+        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
+        x = self.embeddings.forward_embedded(inputs_embeds, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:291
+        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:292
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:292)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:299
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:300
-        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:302
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:303
-            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:304
-            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:305
-        return x  # nest/bert-base-uncased/src/lib.linnet:307
+        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:304
+        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:306
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:307
+            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:308
+            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:309
+        return x  # nest/bert-base-uncased/src/lib.linnet:311
 
     def no_probabilities(self, mask):
-        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:263)
+        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:267)
         S = mask.shape[3]
-        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:264
-        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:265
+        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:268
+        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:269
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:245)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:251
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:252
-        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:254
-        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:255
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:255
-            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:256
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:257
-            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:255
-        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:255
-        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:259
+        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:249)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:255
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:256
+        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:258
+        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:259
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:259
+            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:260
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:261
+            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:259
+        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:259
+        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:263
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:179)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:177)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:183
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:180)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:181
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:336)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:338)"""
 
     def __init__(self):
         super().__init__()
@@ -285,41 +285,41 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:364)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:370
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:360
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:360
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:385)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:391
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:392
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:363)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:369
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:370
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:397)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:403
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:404
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:405
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:406
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:407
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:408
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:381
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:382
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:383
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:384
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:385
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:386
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:413)
-        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:420
+        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:390
 
     def forward_embeds(self, inputs_embeds, token_types, attention_mask):
-        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:425)
-        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:431
+        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:390
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:436)
-        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:443
+        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:390
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:450)
-        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:456
+        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=0.0, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
+        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:390
