@@ -136,7 +136,7 @@ def test_minilm_parameter_count():
 
 def test_bert_generic_signatures(bert):
     functions = bert.checked.functions
-    assert functions["bert::LayerNorm.forward"].signature() == "forward<*S>(x: Tensor[*S, D; T]) -> Tensor[*S, D; T]"
+    assert functions["std.nn.norm::LayerNorm.forward"].signature() == "forward<*S>(x: Tensor[*S, D; T]) -> Tensor[*S, D; T]"
     assert functions["std.nn.attention::attention"].signature().startswith("attention<*Lead, *M, Q, K, Dh, Dv, T>(")
     assert functions["bert::Model.forward"].is_entry
     assert [str(w) for w in functions["bert::Model.forward"].where] == ["S <= MaxPositions"]
