@@ -136,7 +136,9 @@ ACTIVATION = AttrType("activation kind", lambda v: v in ACTIVATIONS)
 
 
 def _lower_activation(low: PrimLowering):
-    """The kind number (known once the generics are) becomes the op's `kind` attr."""
+    """The kind (known once the generics are) becomes the op's `kind` attr: an `Activation`
+    member arrives as its place in the kind (linnet.middle.lower), a Real generic or literal as
+    the legacy number, which is checked here."""
     kind = getattr(low.arg(1), "value", None)
     if kind is None or kind != int(kind) or not 0 <= kind < len(ACTIVATIONS):
         low.fail(codes.BAD_ACTIVATION,
