@@ -147,6 +147,11 @@ BAD_DTYPE_ARGUMENT: Final = _register("E0305", "bad-dtype-argument", "check",
     "a generic argument that is not a dtype of the required kind")
 BAD_REAL_ARGUMENT: Final = _register("E0308", "bad-real-argument", "check",
     "a `Real` generic given something other than a number literal or a Real generic")
+UNKNOWN_MEMBER: Final = _register("E0309", "unknown-member", "check",
+    "a generic of an enum-like kind (`Activation`) given a name that is not one of its members")
+BAD_MEMBER_ARGUMENT: Final = _register("E0310", "bad-member-argument", "check",
+    "a generic of an enum-like kind given a number or another kind's generic, or a member where "
+    "its kind is not expected")
 ARGUMENT_TYPE: Final = _register("E0306", "argument-type", "check",
     "an argument that does not fit its parameter (or an `Option` not given as `some(x)`/`none`)")
 DECLARED_TYPE: Final = _register("E0307", "declared-type", "check",
@@ -224,6 +229,9 @@ IMPOSSIBLE_SHAPE: Final = _register("E0505", "impossible-shape", "instantiate",
     "array of length 0), or a model of more than 100,000 block instances")
 SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate",
     "`--set` given for a file or package: values can only be set for a zoo entry")
+BAD_MEMBER_VALUE: Final = _register("E0507", "bad-member-value", "instantiate",
+    "`[generics]` or `--set` gives a generic of an enum-like kind (`Activation`) a value that is not "
+    "one of its members")
 
 # -- lower: the backend-neutral IR (middle/lower.py)
 DIM_NOT_IN_INPUTS: Final = _register("E0601", "dim-not-in-inputs", "lower",

@@ -28,7 +28,7 @@ from . import codes
 from .dims import DimExpr
 from .prims import (PrimCall, _activation, _binary_broadcast, _cast, _compare, _concat, _cumsum, _dropout, _iota, _matmul, _permute,
                     _reduce, _reshape, _select, _softmax, _take, _transpose, _unary_float)
-from .types import ALL_DTYPES, Type
+from .types import ALL_DTYPES, MEMBER_KINDS, Type
 
 
 # ------------------------------------------------------------------ attr schemas
@@ -128,14 +128,17 @@ def _lower_iota(low: PrimLowering):
     return low.op((), n=low.static(0), dtype=low.dtype_args[0])
 
 
-#: What `activation(x, kind)` computes, by kind number: transformers' `hidden_act` names map
-#: onto these (linnet.nest.hf), and each backend writes each one as its framework's own kernel.
-ACTIVATIONS = ("gelu_erf", "gelu_tanh", "relu", "silu")
+#: What `activation(x, kind)` computes: the members of the `Activation` generic kind (linnet.types),
+#: in the order of the legacy kind numbers. transformers' `hidden_act` names map onto these
+#: (linnet.nest.families), and each backend writes each one as its framework's own kernel.
+ACTIVATIONS = MEMBER_KINDS["Activation"]
 ACTIVATION = AttrType("activation kind", lambda v: v in ACTIVATIONS)
 
 
 def _lower_activation(low: PrimLowering):
-    """The kind number (known once the generics are) becomes the op's `kind` attr."""
+    """The kind (known once the generics are) becomes the op's `kind` attr: an `Activation`
+    member arrives as its place in the kind (linnet.middle.lower), a Real generic or literal as
+    the legacy number, which is checked here."""
     kind = getattr(low.arg(1), "value", None)
     if kind is None or kind != int(kind) or not 0 <= kind < len(ACTIVATIONS):
         low.fail(codes.BAD_ACTIVATION,
@@ -311,7 +314,7 @@ _RECORDS = [
                "(identity in eval mode)", _dropout, (2,), kind=ELEMENTWISE),
     # One of several elementwise functions, picked when the model is built (BERT's `hidden_act`).
     _primitive("activation", "activation(x: Tensor[*S; T: Float], kind) -> Tensor[*S; T]  "
-               "(kind: 0 gelu_erf, 1 gelu_tanh, 2 relu, 3 silu)", _activation, (2,),
+               "(kind: an Activation member gelu_erf, gelu_tanh, relu, silu; or 0..3)", _activation, (2,),
                attrs=(("kind", ACTIVATION),), lower=_lower_activation, kind=UNARY),
     _primitive("cumsum", "cumsum(x: Tensor[*S; T], axis) -> Tensor[*S; T]  (running sum along the axis)",
                _cumsum, (2,), attrs=_AXIS, lower=_lower_axis, kind=SCAN),

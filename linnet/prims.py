@@ -15,7 +15,7 @@ from typing import NoReturn, Protocol
 from . import codes
 from .diagnostics import Span
 from .dims import DimExpr, const
-from .types import WEAK_INT, DimT, DType, ListT, TensorT, Type, Variadic, is_float, is_int, scalar
+from .types import WEAK_INT, DimT, DType, ListT, MemberT, TensorT, Type, Variadic, is_float, is_int, scalar
 
 
 class PrimContext(Protocol):
@@ -228,10 +228,16 @@ def _dropout(call: PrimCall) -> Type:
 
 
 def _activation(call: PrimCall) -> Type:
-    """`activation(x, kind)`: an elementwise function of x picked by one number known when the
-    model is built (a literal or a Real generic), so its type is x's."""
+    """`activation(x, kind)`: an elementwise function of x picked when the model is built, by an
+    `Activation` generic (`Act`) or, as before that kind existed, a number (a literal or a Real
+    generic); its type is x's."""
     t = call.float_tensor(0)
-    kind = call.tensor(1, "a number (the kind of activation)")
+    if isinstance(call.args[1], MemberT):
+        if call.args[1].kind != "Activation":
+            call.fail(f"the kind of `activation` must be an Activation member, found {call.args[1]}", 1,
+                      code=codes.BAD_MEMBER_ARGUMENT)
+        return t
+    kind = call.tensor(1, "an Activation generic or a number (the kind of activation)")
     if kind.dims or not kind.weak:
         call.fail(f"the kind of `activation` must be one number known when the model is built (a literal or "
                   f"a Real generic), found {kind}", 1)

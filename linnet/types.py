@@ -30,7 +30,46 @@ DIM_KIND, SHAPE_KIND = "Dim", "Shape"
 #: A number known when the model is built (a dropout rate): blocks only, used as a weak scalar.
 REAL_KIND = "Real"
 DTYPE_KINDS = {"Float": FLOAT_DTYPES, "Int": INT_DTYPES, "DType": ALL_DTYPES}
-GENERIC_KINDS = (DIM_KIND, SHAPE_KIND, *DTYPE_KINDS, REAL_KIND)
+#: Enum-like kinds: a generic of one is bound to one of its named members (`Act: Activation =
+#: silu`). The one list of each kind's members; `activation`'s kinds (linnet.ops) are these.
+MEMBER_KINDS = {"Activation": ("gelu_erf", "gelu_tanh", "relu", "silu")}
+GENERIC_KINDS = (DIM_KIND, SHAPE_KIND, *DTYPE_KINDS, REAL_KIND, *MEMBER_KINDS)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member of an enum-like kind (`gelu_erf` of `Activation`), what such a generic binds to."""
+
+    kind: str
+    name: str
+
+    @property
+    def index(self) -> int:
+        return MEMBER_KINDS[self.kind].index(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class MemberVar:
+    """A generic of an enum-like kind standing for the member an instantiation gives it."""
+
+    name: str
+    kind: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class MemberT:
+    """The type of a member-kind generic used as a value (`activation(x, Act)`)."""
+
+    kind: str
+
+    def __str__(self) -> str:
+        return f"an {self.kind} member" if self.kind[0] in "AEIOU" else f"a {self.kind} member"
 
 
 @dataclass(frozen=True)
@@ -174,11 +213,12 @@ class SubArrayT:
         return f"[{self.element}; {self.count}]"
 
 
-Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT]
+Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT, MemberT]
 
-#: What a generic is bound to: a dim, a dtype, a run of dims for a variadic, or a Real's
-#: number (a float, or a `RealVar` naming the enclosing block's Real generic).
-Binding = Union[DimExpr, DType, tuple, float, RealVar]
+#: What a generic is bound to: a dim, a dtype, a run of dims for a variadic, a Real's
+#: number (a float, or a `RealVar` naming the enclosing block's Real generic), or a member
+#: (a `Member`, or a `MemberVar` naming the enclosing block's generic of that kind).
+Binding = Union[DimExpr, DType, tuple, float, RealVar, Member, MemberVar]
 
 
 def dims_only(env: Mapping[str, Binding]) -> dict[str, DimExpr]:

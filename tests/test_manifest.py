@@ -203,7 +203,7 @@ def test_missing_table(tmp_path):
     ('title = "Tiny"', "title = 3", "nest.toml: [model].title must be a string, found int 3"),
     ("B = 1", "B = 1.5", "nest.toml: [check].B must be an integer, found float 1.5"),
     ("B = 1", "B = true", "nest.toml: [check].B must be an integer, found boolean true"),
-    ("D = 8", "D = [8]", "nest.toml: [generics].D must be a number or a dtype name, found an array"),
+    ("D = 8", "D = [8]", "nest.toml: [generics].D must be a number, a dtype name or a member name, found an array"),
     ('huggingface = "https://huggingface.co/org/tiny"', "huggingface = 1",
      "nest.toml: [links].huggingface must be a string, found int 1"),
 ])
@@ -222,8 +222,14 @@ def test_table_given_as_a_value(tmp_path):
 def test_generic_dtype_must_be_a_linnet_dtype(tmp_path):
     d = only_diagnostic(write_entry(tmp_path, nest=VALID_NEST.replace('T = "f32"', 'T = "float32"')))
     assert d.code == "E0912"
-    assert d.message.startswith('nest.toml: [generics].T must be a number or a dtype name (f64, f32')
-    assert d.message.endswith('found "float32"')
+    assert d.message.startswith('nest.toml: [generics].T must be a number, a dtype name (f64, f32')
+    assert d.message.endswith('or a member name (Activation: gelu_erf, gelu_tanh, relu, silu), found "float32"')
+
+
+def test_a_generic_string_near_a_member_suggests_the_members(tmp_path):
+    d = only_diagnostic(write_entry(tmp_path, nest=VALID_NEST.replace('T = "f32"', 'T = "gelu"')))
+    assert d.code == "E0912"
+    assert d.message.endswith('found "gelu"; did you mean "gelu_erf" or "gelu_tanh"?')
 
 
 def test_unknown_field_is_an_error_with_a_suggestion(tmp_path):

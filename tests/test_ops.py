@@ -338,7 +338,7 @@ def test_concat_refuses_axes_that_do_not_fit(tmp_path, body, message):
 ACTIVATION_SOURCE = """\
 module acts
 
-pub block Acts<D: Dim, T: Float = f32, Kind: Real = 0> {
+pub block Acts<D: Dim, T: Float = f32, Kind: Activation = gelu_erf> {
     param shift: Tensor[D; T]
 
     pub entry act<B: Dim>(x: Tensor[B, D; T]) -> Tensor[B, D; T] {
@@ -346,29 +346,54 @@ pub block Acts<D: Dim, T: Float = f32, Kind: Real = 0> {
     }
 }
 """
+#: The same block picking its activation by a number, as before the `Activation` kind: still accepted.
+NUMBERED_ACTIVATION_SOURCE = ACTIVATION_SOURCE.replace("Kind: Activation = gelu_erf", "Kind: Real = 0")
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax", "stablehlo", "onnx"])
-@pytest.mark.parametrize("kind", range(len(ops.ACTIVATIONS)))
+@pytest.mark.parametrize("kind", ["gelu_erf", "gelu_tanh", "relu", "silu", 0, 1, 2, 3])
 def test_activation_computes_each_kind_as_torch_does(tmp_path, backend, kind):
+    """Each member of `Activation`, set by name in the manifest; and each legacy number on a
+    `Real` generic (0 gelu_erf, 1 gelu_tanh, 2 relu, 3 silu), which must compute the same."""
     import torch
     import torch.nn.functional as F
     from linnet import nest
 
-    entry, weights = write_entry(tmp_path / "acts", source=ACTIVATION_SOURCE, entry="act",
-                                 shift=np.linspace(-1, 1, 6).astype(np.float32))
+    by_name = isinstance(kind, str)
+    entry, weights = write_entry(tmp_path / "acts", source=ACTIVATION_SOURCE if by_name else NUMBERED_ACTIVATION_SOURCE,
+                                 entry="act", shift=np.linspace(-1, 1, 6).astype(np.float32))
     toml = entry / "nest.toml"
-    toml.write_text(toml.read_text().replace('T = "f32"', f'T = "f32"\nKind = {kind}'))
+    toml.write_text(toml.read_text().replace('T = "f32"', f'T = "f32"\nKind = {kind!r}'.replace("'", '"')))
     model = nest.load(entry, backend=backend, weights=weights)
     x = np.linspace(-6, 6, 48, dtype=np.float32).reshape(8, 6)
     shifted = torch.from_numpy(x + np.linspace(-1, 1, 6).astype(np.float32))
     expected = {"gelu_erf": F.gelu(shifted), "gelu_tanh": F.gelu(shifted, approximate="tanh"),
-                "relu": F.relu(shifted), "silu": F.silu(shifted)}[ops.ACTIVATIONS[kind]].numpy()
+                "relu": F.relu(shifted), "silu": F.silu(shifted)}[kind if by_name else
+                                                                   ("gelu_erf", "gelu_tanh", "relu", "silu")[kind]].numpy()
     np.testing.assert_allclose(np.asarray(model.act(x)), expected, atol=1e-6, rtol=0)
 
 
-def test_an_unknown_activation_kind_is_refused_at_the_call(tmp_path):
+def test_the_activation_kind_list_is_the_activation_generic_kind():
+    from linnet.types import MEMBER_KINDS
+    assert ops.ACTIVATIONS is MEMBER_KINDS["Activation"]
+    assert ops.ACTIVATION.accepts("silu") and not ops.ACTIVATION.accepts("gelu")
+
+
+@pytest.mark.parametrize("value, found", [("2", "the number 2"), ("0.5", "the number 0.5"), ('"f32"', '"f32"')])
+def test_a_manifest_activation_that_is_no_member_is_refused_naming_the_members(tmp_path, value, found):
     entry, _ = write_entry(tmp_path / "acts", source=ACTIVATION_SOURCE, entry="act")
+    toml = entry / "nest.toml"
+    toml.write_text(toml.read_text().replace('T = "f32"', f'T = "f32"\nKind = {value}'))
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(entry))
+    text = caught.value.render()
+    assert caught.value.code == "E0507", text
+    assert ("`Kind` is Activation and needs one of its members by name (gelu_erf, gelu_tanh, relu, silu), "
+            f"found {found}") in text
+
+
+def test_an_unknown_activation_kind_is_refused_at_the_call(tmp_path):
+    entry, _ = write_entry(tmp_path / "acts", source=NUMBERED_ACTIVATION_SOURCE, entry="act")
     toml = entry / "nest.toml"
     toml.write_text(toml.read_text().replace('T = "f32"', 'T = "f32"\nKind = 7'))
     with pytest.raises(LinnetError) as caught:

@@ -30,8 +30,8 @@ pub block Parity<D: Dim, Inner: Dim, Heads: Dim, Half: Dim, Window: Dim, T: Floa
 where Heads > 0, D % Heads == 0 {
     sub ln: LayerNorm<D, T, Eps>
     sub rms: RMSNorm<D, T, Eps>
-    sub swiglu: GatedMlp<D, Inner, T, 3>
-    sub geglu: GatedMlp<D, Inner, T, 0>
+    sub swiglu: GatedMlp<D, Inner, T, silu>
+    sub geglu: GatedMlp<D, Inner, T, gelu_erf>
 
     pub entry layer_norm<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
         return ln.forward(x)

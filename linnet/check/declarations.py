@@ -12,13 +12,13 @@ from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
 from ..front.resolve import ModuleInfo
-from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
+from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest
 from .inference import bind_explicit, symbol_name
 from .obligations import broadcasts_of, discharge, facts_of
 from .program import PARAM_DEFAULTS, BlockSig, FnSig, GenericInfo
-from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_real_arg, resolve_type, resolve_where
+from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_member_arg, resolve_real_arg, resolve_type, resolve_where
 
 
 def check_declarations(checker: Checker) -> None:
@@ -83,6 +83,10 @@ def _generic_infos(params: list[ast.GenericParam], outer: dict[str, GenericInfo]
             # a number: a rate a function needs is a value parameter (`rate: T`).
             fail(codes.BAD_GENERIC_KIND, f"`{p.name}`: a Real generic belongs to a block, not a function", p.span,
                  Note("pass the number as a value parameter, e.g. `rate: T`"))
+        if p.kind in MEMBER_KINDS and not on_block:
+            # Likewise no argument type holds a member: the block that calls the function has it.
+            fail(codes.BAD_GENERIC_KIND, f"`{p.name}`: an {p.kind} generic belongs to a block, not a function",
+                 p.span, Note(f"declare `{p.name}: {p.kind}` on the block whose functions use it"))
         if p.variadic != (p.kind == SHAPE_KIND):
             fail(codes.BAD_GENERIC_KIND,
                  f"`{p.name}`: a `Shape` generic is written `*{p.name}: Shape`, and only it is variadic",
@@ -104,6 +108,8 @@ def _generic_default(p: ast.GenericParam, scope: dict[str, GenericInfo]) -> Bind
         return resolve_dim(p.default, scope)
     if p.kind == REAL_KIND:
         return resolve_real_arg(p.default, scope, f"default of `{p.name}`")
+    if p.kind in MEMBER_KINDS:
+        return resolve_member_arg(p.default, p.kind, scope, f"default of `{p.name}`")
     fail(codes.BAD_GENERIC_KIND, "a Shape generic cannot have a default", p.span)
 
 

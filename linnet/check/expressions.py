@@ -11,7 +11,7 @@ from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from ..prims import PRIMS, PrimCall
-from ..types import (DIM_KIND, DTYPE_KINDS, REAL_KIND, WEAK_INT, DimT, ErrorT, ListT, NoneT, SomeT, SubArrayT, SubT, TensorT,
+from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, MemberT, WEAK_INT, DimT, ErrorT, ListT, NoneT, SomeT, SubArrayT, SubT, TensorT,
                      Type, format_binding, scalar, substitute)
 from .core import BodyContext, fail, item_key, silent, suggest
 from .inference import bind_explicit, fill_defaults, infer
@@ -85,6 +85,10 @@ def check_name(node: ast.Name, ctx: BodyContext) -> Type:
         # A number fixed when the model is built: a weak scalar like a float constant.
         checker.names[id(node)] = NameInfo("real", node.name)
         return scalar("f32", weak=True)
+    if generic is not None and generic.kind in MEMBER_KINDS:
+        # A member fixed when the model is built (`activation(x, Act)`): its own type, no tensor.
+        checker.names[id(node)] = NameInfo("member", node.name)
+        return MemberT(generic.kind)
     if generic is not None:
         if generic.kind != DIM_KIND:
             fail(codes.NOT_A_VALUE, f"`{node.name}` is a {generic.kind} generic, not a value", node.span)

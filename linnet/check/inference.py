@@ -10,11 +10,11 @@ from __future__ import annotations
 from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr, sym
-from ..types import (DIM_KIND, DTYPE_KINDS, REAL_KIND, SHAPE_KIND, Binding, DTypeVar, NoneT, OptionT, SomeT, TensorT, Type,
+from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, DTypeVar, NoneT, OptionT, SomeT, TensorT, Type,
                      Variadic, dtype_kind_ok)
 from .core import fail
 from .program import FnSig, GenericInfo
-from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_real_arg
+from .type_syntax import resolve_dim, resolve_dtype_arg, resolve_member_arg, resolve_real_arg
 
 
 def bind_explicit(generics: list[GenericInfo], args: list, scope, span: Span, what: str,
@@ -36,6 +36,8 @@ def bind_explicit(generics: list[GenericInfo], args: list, scope, span: Span, wh
             env[g.name] = resolve_dim(arg, scope)
         elif g.kind == REAL_KIND:
             env[g.name] = resolve_real_arg(arg, scope, f"generic `{g.name}` of {what}")
+        elif g.kind in MEMBER_KINDS:
+            env[g.name] = resolve_member_arg(arg, g.kind, scope, f"generic `{g.name}` of {what}")
         else:
             fail(codes.GENERIC_ARGUMENT_COUNT,
                  f"the Shape generic `*{g.name}` of {what} is inferred, not passed", arg.span)

@@ -11,7 +11,7 @@ from ..front import ast
 from ..diagnostics import Span
 from ..dims import DimExpr, Facts, sym
 from ..front.resolve import ModuleInfo, Program
-from ..types import (DIM_KIND, DTYPE_KINDS, REAL_KIND, SHAPE_KIND, RealVar, Binding, DTypeVar, ErrorT, SubArrayT, SubT, TensorT, Type,
+from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, MemberVar, SHAPE_KIND, RealVar, Binding, DTypeVar, ErrorT, SubArrayT, SubT, TensorT, Type,
                      Variadic, dims_only, substitute, substitute_dims)
 
 
@@ -34,6 +34,8 @@ class GenericInfo:
             return (Variadic(self.name),)
         if self.kind == REAL_KIND:
             return RealVar(self.name)
+        if self.kind in MEMBER_KINDS:
+            return MemberVar(self.name, self.kind)
         return DTypeVar(self.name, self.kind)
 
 

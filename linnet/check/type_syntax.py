@@ -5,13 +5,14 @@ Every function here reads only the syntax and the generics in scope (`scope`: na
 """
 from __future__ import annotations
 
+import difflib
 import math
 
 from ..front import ast
 from .. import codes
 from ..diagnostics import Note
 from ..dims import DimError, DimExpr, const, floordiv, mod, sym
-from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, REAL_KIND, SHAPE_KIND, DTypeVar, RealVar, OptionT, TensorT, Type, Variadic,
+from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, DTypeVar, Member, MemberVar, RealVar, OptionT, TensorT, Type, Variadic,
                      dtype_kind_ok, scalar)
 from .core import fail, suggest
 from .program import BroadcastClause, WhereClause
@@ -101,6 +102,34 @@ def resolve_real_arg(node, scope, what: str):
     found = f"`{node.name}`, a {known.kind} generic" if known else "an expression"
     fail(codes.BAD_REAL_ARGUMENT, f"{what} is Real and needs a number (`0.1`) or a Real generic, found {found}",
          node.span, *((Note(f"`{node.name}` is declared here", known.span),) if known else ()))
+
+
+def resolve_member_arg(node, kind: str, scope, what: str):
+    """A member passed to a generic of an enum-like kind (`Activation`): one of the kind's
+    member names (`silu`), or a generic of the same kind in scope."""
+    members = MEMBER_KINDS[kind]
+    listing = Note(f"{kind} members are {', '.join(members)}")
+    if isinstance(node, ast.DimName) and node.name in scope:
+        known = scope[node.name]
+        if known.kind == kind:
+            return MemberVar(node.name, kind)
+        fail(codes.BAD_MEMBER_ARGUMENT, f"{what} is {kind} and needs one of its members, found `{node.name}`, "
+             f"a {known.kind} generic", node.span, Note(f"`{node.name}` is declared here", known.span), listing)
+    if isinstance(node, ast.DimName):
+        if node.name in members:
+            return Member(kind, node.name)
+        fail(codes.UNKNOWN_MEMBER, f"{what}: `{node.name}` is not a member of {kind}", node.span,
+             *member_suggestion(node.name, members), listing)
+    found = "a number" if isinstance(node, (ast.FloatLit, ast.DimInt)) else "an expression"
+    fail(codes.BAD_MEMBER_ARGUMENT, f"{what} is {kind} and needs one of its members by name, found {found}",
+         node.span, listing)
+
+
+def member_suggestion(name: str, members: tuple[str, ...]) -> tuple[Note, ...]:
+    """A "did you mean" note naming the closest members (`gelu` -> `gelu_erf` or `gelu_tanh`)."""
+    close = [m for m in members if m.startswith(name)] if name else []
+    close = close or difflib.get_close_matches(name, members, n=2)
+    return (Note(f"did you mean {' or '.join(f'`{m}`' for m in close)}?"),) if close else ()
 
 
 def _finite_real(node, what: str) -> float:

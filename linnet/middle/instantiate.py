@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 from .. import codes
 from ..check import BlockSig, CheckedProgram, FnSig, WhereClause
+from ..check.type_syntax import member_suggestion
 from ..diagnostics import Diagnostic, LinnetError, Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from .params import ParamSpec
-from ..types import (DIM_KIND, DTYPE_KINDS, REAL_KIND, Binding, RealVar, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
+from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, Binding, Member, MemberVar, RealVar, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
                     format_binding, substitute)
 
 
@@ -224,16 +225,15 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
     errors: list[Diagnostic] = []
     env: dict[str, Binding] = {}
 
-    def bad_value(g, message: str) -> Diagnostic:
+    def bad_value(g, message: str, code=codes.BAD_GENERIC_VALUE, notes: tuple = ()) -> Diagnostic:
         # Point at where the value was written: its manifest line, or (for --set, which has
         # no file) the generic's declaration. Only without either fall back to the manifest.
         where = origins.get(g.name)
         if where is not None and where.span is not None:
-            return Diagnostic(codes.BAD_GENERIC_VALUE,
-                              message, where.span, (Note(f"`{g.name}` is declared here", g.span),))
+            return Diagnostic(code, message, where.span, (Note(f"`{g.name}` is declared here", g.span), *notes))
         if where is not None:
-            return Diagnostic(codes.BAD_GENERIC_VALUE, f"{message} (given by {where.text})", g.span)
-        return Diagnostic(codes.BAD_GENERIC_VALUE, message, origin, (Note("declared here", g.span),))
+            return Diagnostic(code, f"{message} (given by {where.text})", g.span, notes)
+        return Diagnostic(code, message, origin, (Note("declared here", g.span), *notes))
 
     for g in block.generics:
         if g.name not in values:
@@ -245,7 +245,8 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
                                          (Note("declared here without a default", g.span),)))
             else:
                 # A Real default may name an earlier Real generic (`ClassifierDropout = HiddenDropout`).
-                env[g.name] = env.get(g.default.name, g.default) if isinstance(g.default, RealVar) else g.default
+                named = isinstance(g.default, (RealVar, MemberVar))
+                env[g.name] = env.get(g.default.name, g.default) if named else g.default
             continue
         value = values[g.name]
         if g.kind == DIM_KIND:
@@ -265,6 +266,15 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
                 errors.append(bad_value(g, f"`{g.name}` is Real and needs a finite number, found {value!r}"))
                 continue
             env[g.name] = float(value)
+        elif g.kind in MEMBER_KINDS:
+            members = MEMBER_KINDS[g.kind]
+            if not isinstance(value, str) or value not in members:
+                found = f'"{value}"' if isinstance(value, str) else f"the number {value!r}"
+                close = member_suggestion(value, members) if isinstance(value, str) else ()
+                errors.append(bad_value(g, f"`{g.name}` is {g.kind} and needs one of its members by name "
+                                           f"({', '.join(members)}), found {found}", codes.BAD_MEMBER_VALUE, close))
+                continue
+            env[g.name] = Member(g.kind, value)
     for name in sorted(set(values) - {g.name for g in block.generics}):
         where = origins.get(name)
         generics_note = Note(f"its generics are {', '.join(g.name for g in block.generics)}",
@@ -389,7 +399,7 @@ def _bad_dims(block: BlockSig, what: str, reason: str, span: Span, env, origins,
 def _substitute_binding(value: Binding, env) -> Binding:
     if isinstance(value, DimExpr):
         return value.substitute(dims_only(env))
-    if isinstance(value, str):
+    if isinstance(value, (str, Member)):
         return value
     bound = env.get(getattr(value, "name", None))
     return bound if bound is not None else value

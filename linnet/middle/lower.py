@@ -22,7 +22,7 @@ from ..check import CheckedProgram, FnSig
 from ..diagnostics import InternalError, LinnetError, Diagnostic
 from ..dims import DimExpr, Sym, const, sym
 from .instantiate import BlockInstance, Instance
-from ..types import (DIM_KIND, Binding, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
+from ..types import (DIM_KIND, Binding, Member, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
                     number_range, substitute, substitute_dims)
 
 #: Binary operator -> the op it lowers to, from the registry (`OpDef.operator`).
@@ -53,9 +53,9 @@ def _substitute_binding(value: Binding, env) -> Binding:
         return value.substitute(dims_only(env))
     if isinstance(value, tuple):
         return substitute_dims(value, env)
-    if isinstance(value, (str, float)):
-        return value  # a dtype, or a Real's number
-    bound = env.get(value.name)  # a DTypeVar or RealVar of the caller
+    if isinstance(value, (str, float, Member)):
+        return value  # a dtype, a Real's number or a member
+    bound = env.get(value.name)  # a DTypeVar, RealVar or MemberVar of the caller
     return bound if bound is not None else value
 
 
@@ -347,6 +347,9 @@ class Lowerer:
             return self._dim(t.expr, scope)
         if info.kind == "real":
             return ir.Scalar(float(scope.env[node.name]), _concrete(t, {}))
+        if info.kind == "member":
+            # The primitive taking it (`activation`) reads the member's place in its kind.
+            return ir.Scalar(float(scope.env[node.name].index), ir.TensorType((), "f32"))
         value, dtype = self.checked.consts[info.target]
         if isinstance(t, DimT):
             return ir.DimValue(t.expr)

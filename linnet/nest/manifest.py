@@ -45,6 +45,7 @@ from typing import Any, Callable
 from .. import codes, dtypes
 from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
 from ..paths import zoo_dir
+from ..types import MEMBER_KINDS
 from .layouts import DEFAULT_LAYER_NORM, LAYER_NORM_SPELLINGS, LAYOUTS, LayoutBindings
 
 #: The codes of the manifest stage, with what they mean (a view of the registry in linnet/codes.py).
@@ -556,14 +557,21 @@ def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
 
 
 def _read_generics(table: "_Table") -> dict[str, int | float | str]:
-    # A float is the value of a Real generic (a dropout rate); the instantiation says which fit.
-    generics = table.map("a number or a dtype name",
+    # A float is the value of a Real generic (a dropout rate), a string a dtype or a member of an
+    # enum-like kind (`HiddenAct = "silu"`); the instantiation says which fit which generic.
+    generics = table.map("a number, a dtype name or a member name",
                          lambda v: _is_int(v) or isinstance(v, str) or (isinstance(v, float) and math.isfinite(v)))
+    members = [m for kind in MEMBER_KINDS.values() for m in kind]
     for name, value in list(generics.items()):
-        if isinstance(value, str) and value not in dtypes.names():
+        if isinstance(value, str) and value not in dtypes.names() and value not in members:
+            close = [m for m in members if m.startswith(value)] or difflib.get_close_matches(value, members, n=2)
             table.problem(codes.BAD_FIELD_VALUE,
-                          name, f"[generics].{name} must be a number or a dtype name "
-                                f"({', '.join(dtypes.names(widest_first=True))}), found \"{value}\"")
+                          name, f"[generics].{name} must be a number, a dtype name "
+                                f"({', '.join(dtypes.names(widest_first=True))}) or a member name ("
+                                + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in MEMBER_KINDS.items())
+                                + f"), found \"{value}\""
+                                + (f"; did you mean {' or '.join(repr(m).replace(chr(39), chr(34)) for m in close)}?"
+                                   if close else ""))
             del generics[name]
     return generics
 

@@ -74,7 +74,9 @@ INT = re.compile(r"[0-9]+")
 FLOAT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
 
 DTYPES = ["f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "bool", "f8", "T", "Float", "Int"]
-KINDS = ["Dim", "Float", "Int", "Shape", "Dtype", "Type"]
+KINDS = ["Dim", "Float", "Int", "Shape", "Dtype", "Type", "Real", "Activation"]
+# Member names go where dims and dtypes do (`Feed<D, silu>`), and near misses (`gelu`).
+MEMBERS = ["gelu_erf", "gelu_tanh", "relu", "silu", "gelu", "Activation"]
 KEYWORDS = ["fn", "entry", "block", "sub", "param", "let", "var", "return", "static", "for", "in", "if", "else",
             "some", "none", "where", "use", "module", "pub", "const", "broadcasts", "to", "zeros", "ones",
             "Tensor", "Option", "cast", "reshape", "permute", "take", "matmul", "softmax", "sum", "mean",
@@ -286,10 +288,10 @@ def _mutate_tokens(rng: random.Random, text: str, names: list[str], ops: list[st
                 k = rng.choice(picks)
                 tokens[k] = _with_core(tokens[k], rng.choice(INTERESTING_FLOATS + INTERESTING_INTS[:4]))
         elif op == "dtype":
-            picks = [k for k, t in enumerate(tokens) if _core(t) in DTYPES]
+            picks = [k for k, t in enumerate(tokens) if _core(t) in DTYPES or _core(t) in MEMBERS]
             if picks:
                 k = rng.choice(picks)
-                tokens[k] = _with_core(tokens[k], rng.choice(DTYPES))
+                tokens[k] = _with_core(tokens[k], rng.choice(DTYPES + MEMBERS))
         elif op == "dim":
             # A dim inside a type (`Tensor[B, S, D; T]`) or a generic argument (`Linear<D, Inner>`).
             picks = [k for k, t in enumerate(tokens) if IDENT.fullmatch(_core(t)) and _core(t)[0].isupper()

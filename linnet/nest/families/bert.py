@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 
-from ... import codes, ops
+from ... import codes
 from ...diagnostics import error
 from ..layouts import BERT, LAYER_NORM_SPELLINGS
 from ..manifest import TokenizerSpec
@@ -39,8 +39,8 @@ SIZES = (
 )
 #: config.json dropout rates -> the BERT source's Real generics (training only; eval is exact).
 DROPOUTS = (("hidden_dropout_prob", "HiddenDropout"), ("attention_probs_dropout_prob", "AttentionDropout"))
-#: config.json `hidden_act` -> the `activation` kind (linnet.ops.ACTIVATIONS) the BERT source's
-#: `HiddenAct` generic selects. "gelu_new" and "gelu_pytorch_tanh" are one formula, GELU's
+#: config.json `hidden_act` -> the member of `Activation` (linnet.types.MEMBER_KINDS) the BERT
+#: source's `HiddenAct` generic is set to. "gelu_new" and "gelu_pytorch_tanh" are one formula, GELU's
 #: tanh approximation (transformers computes the first by hand, the second with torch's kernel).
 HIDDEN_ACTS = {"gelu": "gelu_erf", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
                "silu": "silu", "swish": "silu"}
@@ -104,7 +104,7 @@ class BertFamily(Family):
         _dropout_rates(reader, root, generics)
         act = reader.one_of("hidden_act", "gelu", HIDDEN_ACTS, "BERT source")
         if act is not None:
-            generics["HiddenAct"] = ops.ACTIVATIONS.index(HIDDEN_ACTS[act])
+            generics["HiddenAct"] = HIDDEN_ACTS[act]
         reader.epsilon("layer_norm_eps", generics, DEFAULT_EPS)
         reader.dtype(generics)
         for message in _unsupported(reader):
