@@ -18,7 +18,7 @@ from ..check.type_syntax import member_suggestion
 from ..diagnostics import Diagnostic, LinnetError, Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from .params import ParamSpec
-from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, Binding, Member, MemberVar, RealVar, SubArrayT, SubT, TensorT, Type, dims_only, dtype_kind_ok,
+from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, Binding, Member, MemberVar, RealVar, SubArrayT, TensorT, Type, dims_only, dtype_kind_ok,
                     format_binding, substitute)
 
 

@@ -251,12 +251,6 @@ class Program:
     entries: dict[str, Entry]
     files: dict[str, str] = field(default_factory=dict)  # source file name -> display path
 
-    def methods_of(self, block_id: str) -> list[Function]:
-        return [self.functions[f] for f in self.blocks[block_id].methods.values()]
-
-    def free_functions(self) -> list[Function]:
-        return [f for f in self.functions.values() if f.block is None]
-
     def param_paths(self) -> list[tuple[str, TensorType]]:
         """Every parameter of the model, by dotted path (`layers.0.up.weight`)."""
         return [(prefix + name, t) for block_id, prefix in self.instances() for name, t in self.blocks[block_id].params]

@@ -86,11 +86,6 @@ class Optimized:
     #: What a pass considered and did not do, and why (an entry the packing pass refused).
     notes: list[str] = field(default_factory=list)
 
-    def source_params(self, original: ir.Program) -> dict[str, str]:
-        """Every param of the optimised program -> the original params it is made from."""
-        return {path: ", ".join(self.plan[path].sources) if path in self.plan else path
-                for path, _ in self.program.param_paths()}
-
 
 def optimize(program: ir.Program, *, passes: tuple[str, ...] = PASSES, exact: bool = True,
              verify_each: bool | None = None) -> Optimized:
@@ -143,8 +138,8 @@ def _is_std_linear(program: ir.Program, fn: ir.Function) -> bool:
 def _block_functions(program: ir.Program, block_id: str) -> list[ir.Function]:
     """Every function of a block, each specialisation included.
 
-    Lowering makes one copy of a method per set of dims it is called with, and `methods_of`
-    lists only the first; a rewrite that removes a sub must rewrite every copy that calls it.
+    Lowering makes one copy of a method per set of dims it is called with, and a block's
+    `methods` table names only the first; a rewrite that removes a sub must rewrite every copy.
     """
     return [f for f in program.functions.values() if f.block == block_id]
 
