@@ -267,6 +267,8 @@ UNKNOWN_BACKEND_OPTION: Final = _register("E0807", "unknown-backend-option", "ba
     '`nest.load`: an option the chosen backend does not take (e.g. `mode=` with `backend="onnx"`)')
 MISSING_PACKAGE: Final = _register("E0808", "missing-package", "backend",
     "the chosen backend needs a Python package that is not installed")
+BAD_BACKEND_OPTION_TYPE: Final = _register("E0809", "bad-backend-option-type", "backend",
+    "`nest.load`: a backend option of the wrong type (e.g. `share_weights=\"yes\"`); the message names the type")
 STABLEHLO_REFUSED_INPUTS: Final = _register("E0820", "stablehlo-refused-inputs", "backend",
     "the StableHLO artifact refused the inputs (jax's explanation is quoted)")
 STABLEHLO_SYMBOLIC_EXPORT: Final = _register("E0821", "stablehlo-symbolic-export", "backend",

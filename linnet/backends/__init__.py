@@ -3,9 +3,10 @@
 A backend is plugged in here by name, as one `Backend` record (which passes run for it),
 and nothing else in the tree changes.  Its integration module (`linnet.backends.<x>_runtime`) provides:
 
-* `OPTIONS` — the backend-specific keyword arguments `nest.load` accepts (e.g. `mode`);
 * `open_runtime(ctx: LoadContext, *, device=None, **options)` — returns an object with a
   `backend` name and `run(entry, inputs: list[np.ndarray])`, the inputs already validated;
+  `options` are the ones its record declares (`Backend.options`), checked by `check_options`
+  and left out when not given;
 * `build(ctx: LoadContext, out_dir: Path, **options) -> list[Path]` — what
   `linnet build --backend <x>` writes.
 
@@ -26,16 +27,55 @@ from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 
 @dataclass(frozen=True)
+class Option:
+    """One keyword a backend's runtime takes from `nest.load(..., **backend_options)`: the
+    types a value may have, its default (what the runtime does when it is not given), what it
+    does, and, when it takes one of a few words, those words (`choices`).  A value outside the
+    choices is `bad_value` (the code the runtime has always used for it)."""
+
+    name: str
+    types: tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[str, ...] | None = None
+    bad_value: Any = codes.UNKNOWN_BACKEND_OPTION
+
+    def type_names(self) -> str:
+        return " or ".join(t.__name__ for t in self.types)
+
+
+#: `kernels=`, which every backend takes: "auto" measures the machine's fastest exact choice once
+#: and caches it (`linnet.backends.measured`); "default" measures nothing.
+KERNEL_CHOICES = ("auto", "default")
+#: torch's `mode=`.
+TORCH_MODES = ("eager", "compile", "cudagraphs")
+
+
+def _kernels(what: str, bad_value=codes.UNKNOWN_BACKEND_OPTION) -> Option:
+    return Option("kernels", (str,), "auto",
+                  f'"auto" measures {what} once per machine and takes the fastest within 1e-5 of the default\'s '
+                  'result (cached in $LINNET_CACHE/kernels/); "default" measures nothing',
+                  KERNEL_CHOICES, bad_value)
+
+
+@dataclass(frozen=True)
 class Backend:
     """One target, as `nest.load`, `linnet build` and the Triton export see it: its integration
-    module (imported only when used), the passes of `linnet.middle.optimize` run for it, and
+    module (imported only when used), the passes of `linnet.middle.optimize` run for it,
     whether its runtime runs a packed program (`pack_tokens`: a token count that depends on the
-    mask).  The keyword options it takes are its module's `OPTIONS`."""
+    mask), and the keyword options its runtime takes (`options`)."""
 
     name: str
     module: str
     passes: tuple[str, ...]
     packing: bool = False
+    options: tuple[Option, ...] = ()
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
 
     def passes_for(self, optimize: bool = True, packing: bool | None = None) -> tuple[str, ...]:
         """The passes to run: `passes`, with `pack_tokens` added or removed by `packing` (None:
@@ -59,22 +99,34 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
     # eager torch (the gathers and scatters around each attention cost what the smaller GEMMs
     # save); `packing=True` runs it.
     Backend("torch", "linnet.backends.torch_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows"),
-            packing=True),
+            packing=True, options=(
+                Option("mode", (str,), "eager", '"eager" runs the generated module as it is; "compile" through '
+                       'torch.compile (inductor); "cudagraphs" captures CUDA graphs (needs device="cuda")',
+                       TORCH_MODES, codes.BAD_TORCH_MODE),
+                _kernels("each Linear shape's kernel (eager, CPU: oneDNN with a packed weight, or torch's matmul)",
+                         codes.BAD_TORCH_MODE))),
     # `pack_tokens` among them: measured faster on padded batches and no slower without padding
     # (docs/backends.md, "Padding-free execution"); the token count is bucketed.
     Backend("jax", "linnet.backends.jax_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens"),
-            packing=True),
+            packing=True, options=(_kernels("XLA:CPU compiler options (never one XLA_FLAGS sets)"),)),
     # `pack_tokens` only.  The exported artifact is a deliverable of its own, and its
     # signature.json maps each param to its checkpoint key, so its params must be exactly the
     # checkpoint's (unfused, unscaled); packing leaves the params alone.  Packed by default, as on
     # the jax backend (the same XLA program): one export with a symbolic token count, bucketed per call.
-    Backend("stablehlo", "linnet.backends.stablehlo_runtime", ("pack_tokens",), packing=True),
+    Backend("stablehlo", "linnet.backends.stablehlo_runtime", ("pack_tokens",), packing=True,
+            options=(_kernels("XLA:CPU compiler options (never one XLA_FLAGS sets)"),)),
     # Not `fuse_linears`: ONNX Runtime prepacks every constant MatMul weight, and one [768, 2304]
     # MatMul measured no faster than three [768, 768] ones (bit-identical, within run-to-run noise
     # on bert-base, 2-core CPU), so the graph keeps one node per checkpoint matrix
     # (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
     Backend("onnx", "linnet.backends.onnx_runtime", ("fold_attention_scale", "dead_rows", "pack_tokens"),
-            packing=True),
+            packing=True, options=(
+                Option("providers", (list, tuple, str), None, "ONNX Runtime execution providers, best first: names, or "
+                       "(name, options) pairs; one alone may be given bare (default: CUDA where onnxruntime-gpu "
+                       "has it, then CPU); not together with device="),
+                _kernels("ONNX Runtime session options (CPU provider)"),
+                Option("share_weights", (bool,), False, "one memory-mapped copy of each weight for all of the "
+                       "model's sessions, ORT's weight pre-packing off: less memory, slower MatMuls"))),
 )}
 #: backend name -> integration module.
 BACKENDS: dict[str, str] = {name: b.module for name, b in RECORDS.items()}
@@ -107,16 +159,43 @@ def integration(backend: str):
                                      "which is not installed")) from None
 
 
-def check_options(backend: str, module, options: dict[str, Any]) -> dict[str, Any]:
-    """Drop options left at None; refuse ones this backend does not take (E0807)."""
+def check_options(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` checked against the backend's record, with those left at None dropped: a name
+    it does not declare is E0807 (listing the ones it does), a value of another type E0809, a
+    word outside an option's choices the option's `bad_value` code."""
+    declared = record(backend)
     given = {k: v for k, v in options.items() if v is not None}
-    allowed = tuple(getattr(module, "OPTIONS", ()))
-    unknown = sorted(set(given) - set(allowed))
+    unknown = sorted(set(given) - set(declared.option_names()))
     if unknown:
-        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+        takes = f"it takes {', '.join(declared.option_names())}" if declared.options else "it takes none"
         raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
                                      f"backend {backend!r} has no option {', '.join(unknown)}; {takes}"))
+    for name, value in given.items():
+        _check_value(backend, declared.option(name), value)
     return given
+
+
+def _check_value(backend: str, option: Option, value: Any) -> None:
+    # bool is an int in Python: an option of type int must still refuse True.
+    if not isinstance(value, option.types) or (isinstance(value, bool) and bool not in option.types):
+        raise LinnetError(Diagnostic(codes.BAD_BACKEND_OPTION_TYPE,
+                                     f"backend {backend!r}: {option.name} must be a {option.type_names()}, "
+                                     f"found {value!r} ({type(value).__name__})"))
+    if option.choices is not None and value not in option.choices:
+        raise LinnetError(Diagnostic(option.bad_value,
+                                     f"{option.name} must be one of {', '.join(option.choices)} for the {backend} "
+                                     f"backend, found {value!r}"))
+
+
+def options_table() -> str:
+    """Every backend's options as a markdown table (docs/backends.md holds it; tests/test_docs.py
+    compares the two)."""
+    rows = ["| backend | option | type | default | what it does |", "|---|---|---|---|---|"]
+    for b in RECORDS.values():
+        for o in b.options:
+            choices = f" ({', '.join(repr(c) for c in o.choices)})" if o.choices else ""
+            rows.append(f"| {b.name} | `{o.name}` | {o.type_names()}{choices} | `{o.default!r}` | {o.doc} |")
+    return "\n".join(rows)
 
 
 def cache_dir() -> Path:

@@ -32,9 +32,6 @@ from . import LoadContext
 from .jax_source import BUCKET
 from .pysource import import_generated
 
-#: Keyword arguments of `nest.load` this backend takes (`kernels`: `linnet.backends.xla_options`).
-OPTIONS = ("kernels",)
-#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 _GPU_NAMES = ("gpu", "cuda")
 
@@ -119,12 +116,8 @@ def xla_choice(device, kernels: str | None, backend: str = "jax"):
     """The XLA compiler options to compile the entries with (`linnet.backends.xla_options`):
     measured on a CPU device with kernels="auto" (the default), XLA's defaults otherwise."""
     from . import cache_dir
-    from .xla_options import KERNEL_CHOICES, XlaChoice, choose
+    from .xla_options import XlaChoice, choose
 
-    if (kernels or "auto") not in KERNEL_CHOICES:
-        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
-                                     f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the {backend} backend, "
-                                     f"found {kernels!r}"))
     if (kernels or "auto") != "auto" or resolve_device(device, backend).platform != "cpu":
         return XlaChoice({})
     return choose(cache_dir=cache_dir())

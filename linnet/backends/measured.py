@@ -22,8 +22,9 @@ from typing import Callable
 
 log = logging.getLogger("linnet.measured")
 
-#: `nest.load(..., kernels=...)` on every backend: "auto" measures and picks; "default" does not.
-KERNEL_CHOICES = ("auto", "default")
+#: `nest.load(..., kernels=...)` on every backend: "auto" measures and picks; "default" does not
+#: (declared with the backends' other options in their records).
+from . import KERNEL_CHOICES  # noqa: E402,F401
 #: Largest accepted |candidate - default| per element, relative to max(1, max|default|).
 TOLERANCE = 1e-5
 #: A candidate must beat the default by this factor to be taken (noise margin).

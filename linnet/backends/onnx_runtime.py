@@ -19,11 +19,8 @@ from . import LoadContext, cache_dir
 from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
 
-#: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("providers", "kernels", "share_weights")
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
-#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 #: Providers tried by default, best first.  TensorRT is not among them: with dynamic B and S
 #: it builds an engine per new shape profile (minutes); name it in providers= to use it.
@@ -380,15 +377,7 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
 
 def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None,
                  share_weights: bool | None = None) -> OnnxRuntime:
-    from .onnx_options import KERNEL_CHOICES
-
-    if (kernels or "auto") not in KERNEL_CHOICES:
-        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
-                                     f"kernels must be one of {', '.join(KERNEL_CHOICES)} for the onnx backend, "
-                                     f"found {kernels!r}"))
-    if share_weights not in (None, True, False):
-        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
-                                     f"share_weights must be True or False for the onnx backend, found {share_weights!r}"))
+    # `providers`, `kernels` and `share_weights` were checked against the record by `nest.load`.
     chosen = resolve_providers(providers, device)  # before reading any weights
     dtype = _float_dtype(ctx)
     # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the

@@ -33,9 +33,6 @@ from .jax_runtime import resolve_device, xla_choice
 
 log = logging.getLogger("linnet.backends.stablehlo_export")
 
-#: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("kernels",)
-#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
             "!=": np.not_equal}

@@ -13,14 +13,13 @@ import numpy as np
 
 from .. import codes
 from ..middle import ir
-from . import LoadContext
+from . import TORCH_MODES, LoadContext
 from ..diagnostics import Diagnostic, LinnetError
 from .pysource import import_generated, py_name
 
-MODES = ("eager", "compile", "cudagraphs")
-#: The passes run for this backend: its record in `linnet.backends.RECORDS`.
-#: Keyword arguments of `nest.load` this backend takes.
-OPTIONS = ("mode", "kernels")
+#: `mode=`'s words; the options this backend takes (names, types, defaults, choices) are its
+#: record's in `linnet.backends.RECORDS`, which `nest.load` checks them against.
+MODES = TORCH_MODES
 
 
 def torch_param_name(path: str) -> str:
@@ -109,14 +108,8 @@ def generated_source(ctx: LoadContext) -> Path:
 
 def open_runtime(ctx: LoadContext, *, device=None, mode: str | None = None,
                  kernels: str | None = None) -> TorchRuntime:
-    from .torch_kernels import KERNEL_CHOICES
-
-    if (mode or "eager") not in MODES:  # before reading any weights
-        raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE, f"mode must be one of {', '.join(MODES)}, found {mode!r}"))
-    if (kernels or "auto") not in KERNEL_CHOICES:
-        raise LinnetError(Diagnostic(codes.BAD_TORCH_MODE, f"kernels must be one of {', '.join(KERNEL_CHOICES)}, "
-                                     f"found {kernels!r}"))
-    _resolve_device(device)
+    # `mode` and `kernels` were checked against the record by `nest.load`.
+    _resolve_device(device)  # before reading any weights
     source = generated_source(ctx)
     runtime = TorchRuntime(ctx.program, source, f"linnet_generated_torch_{source.stem.replace('-', '_')}",
                            ctx.tensors("pt"), device=device, mode=mode, kernels=kernels)

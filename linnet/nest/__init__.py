@@ -551,9 +551,8 @@ def backend_passes(backend: str, module=None, optimize: bool = True, packing: bo
 
 
 def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype: str | None = None,
-         revision: str | None = None, weights: str | Path | None = None, mode: str | None = None,
-         providers: list | None = None, kernels: str | None = None, optimize: bool = True,
-         packing: bool | None = None, share_weights: bool | None = None) -> Model:
+         revision: str | None = None, weights: str | Path | None = None, optimize: bool = True,
+         packing: bool | None = None, **backend_options) -> Model:
     """Load a zoo entry (by name or folder) with its pinned checkpoint, ready to call.
 
     "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
@@ -562,17 +561,12 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     backend: "torch", "jax", "stablehlo" or "onnx".  device: e.g. "cpu", "cuda".
     dtype: the model's float dtype ("f32" default; "bf16"/"f16" on GPU).  revision: another
     revision of the weights repo.  weights: a local .safetensors file or folder instead of
-    the manifest's checkpoint.  mode (torch): "eager" (default), "compile" or "cudagraphs".
-    providers (onnx): ONNX Runtime execution providers, default the best available.
-    kernels (torch, eager, CPU): "auto" (default) times each Linear shape once per machine and
-    runs it through oneDNN with a packed weight where that is faster and exact (within 1e-5);
-    "default" keeps torch's own matmul (`linnet.backends.torch_kernels`).  For onnx (CPU):
-    "auto" (default) measures ONNX Runtime session options once per machine and model and
-    takes the fastest whose output is within 1e-5 of the default session's; "default" opens
-    the default session (`linnet.backends.onnx_options`).  For jax and stablehlo (CPU): "auto"
-    compiles with the XLA:CPU options measured fastest once per machine among those within 1e-5
-    of XLA's defaults, never one the user's XLA_FLAGS sets; "default" compiles with XLA's
-    defaults (`linnet.backends.xla_options`).
+    the manifest's checkpoint.
+    backend_options: the keywords the backend's own runtime takes, as its record declares them
+    (`linnet.backends.RECORDS`, `Backend.options`: name, type, default, what it does; listed in
+    docs/backends.md, "Backend options"): `mode=` and `kernels=` for torch, `providers=`,
+    `kernels=` and `share_weights=` for onnx, `kernels=` for jax and stablehlo.  One the backend
+    does not declare is E0807, a value of another type E0809; None is the same as leaving it out.
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact, padding-free execution);
     False runs the program exactly as written.
@@ -584,14 +578,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     yet); False keeps the padded program; True asks for it (every backend).
     Outputs at real tokens equal the padded program's within 1e-5; padded positions of a
     per-token output hold 0 (docs/backends.md, "Padding-free execution").
-    share_weights (onnx): True gives all of the model's ONNX Runtime sessions one memory-mapped
-    copy of each weight, with ORT's per-session weight pre-packing off: less memory, slower
-    MatMuls (measured in docs/backend-onnx.md, "Memory"); default False.
     """
     started = time.perf_counter()
     module = integration(backend)
-    options = check_options(backend, module, {"mode": mode, "providers": providers, "kernels": kernels,
-                                                     "share_weights": share_weights})
+    options = check_options(backend, backend_options)
     manifest, revision, weights = _manifest(name_or_path, revision, weights)
     # Each backend's record says which passes suit what it makes (`linnet.backends.RECORDS`).
     passes = backend_passes(backend, module, optimize, packing)
