@@ -1,9 +1,12 @@
 """The cache of measured choices that the three per-machine tuners share (`linnet.backends.measured`)."""
 import json
+import sys
 from dataclasses import dataclass
 
+import numpy as np
+
 from linnet.backends import onnx_options, torch_kernels, xla_options
-from linnet.backends.measured import DecisionCache
+from linnet.backends.measured import MIN_SPEEDUP, DecisionCache, decide, relative_error, run_child, scale_of
 
 
 @dataclass(frozen=True)
@@ -44,3 +47,88 @@ def test_each_tuner_keeps_its_own_file(tmp_path):
     files = {torch_kernels._cache_file(tmp_path), onnx_options._cache_file(tmp_path), xla_options._cache_file(tmp_path)}
     assert {p.name for p in files} == {"torch-linear.json", "onnx-session.json", "xla-options.json"}
     assert {p.parent for p in files} == {tmp_path / "kernels"}
+
+
+# ------------------------------------------------------------------ the shared decision and child
+
+
+def _timer(ratios: list[dict]):
+    """A stand-in for a tuner's timing: each call returns the next set of ratios, for the names asked."""
+    calls = []
+
+    def time(candidates: dict) -> dict:
+        calls.append(sorted(candidates))
+        return {name: ratios[len(calls) - 1][name] for name in candidates}
+
+    return time, calls
+
+
+def _exact(**changes) -> dict:
+    return {name: (change, None, 0.0) for name, change in changes.items()}
+
+
+def test_one_winner_is_timed_again_and_the_smaller_ratio_kept():
+    time, calls = _timer([{"a": 1.5, "b": 0.9}, {"a": 1.2}])
+    verdict = decide(_exact(a={"x": 1}, b={"y": 1}), time, lambda changes: None)
+    assert calls == [["a", "b"], ["a"]]
+    assert verdict.best == "a" and verdict.speedup == 1.2
+    assert verdict.measured == {"a": 1.5, "b": 0.9, "a (again)": 1.2}
+
+
+def test_a_winner_that_loses_the_second_timing_is_not_taken():
+    time, _ = _timer([{"a": 1.5}, {"a": 1.01}])
+    verdict = decide(_exact(a={"x": 1}), time, lambda changes: None)
+    assert verdict.best is None and verdict.speedup == 1.0
+
+
+def test_several_winners_are_combined_the_faster_overriding_the_slower():
+    time, calls = _timer([{"a": 1.2, "b": 1.4}, {"combined": 1.6, "a": 1.2, "b": 1.4}, {"combined": 1.5}])
+    asked = []
+
+    def combine(changes):
+        asked.append(changes)
+        return changes, None, 0.0
+
+    verdict = decide(_exact(a={"x": 1, "z": 1}, b={"x": 2}), time, combine)
+    assert asked == [{"x": 2, "z": 1}]  # b (x1.4) overrides a's x; a's z stays
+    assert calls[1] == ["a", "b", "combined"]
+    assert verdict.best == "combined" and verdict.speedup == 1.5 and verdict.exact["combined"][0] == {"x": 2, "z": 1}
+
+
+def test_an_inexact_combination_leaves_the_best_single_change():
+    time, _ = _timer([{"a": 1.2, "b": 1.4}, {"b": 1.3}])
+    verdict = decide(_exact(a={"x": 1}, b={"y": 1}), time, lambda changes: None)
+    assert verdict.best == "b" and verdict.speedup == 1.3
+
+
+def test_nothing_faster_by_the_margin_keeps_the_default():
+    time, calls = _timer([{"a": MIN_SPEEDUP - 0.01}])
+    assert decide(_exact(a={"x": 1}), time, lambda changes: None).best is None and len(calls) == 1
+    assert decide({}, lambda candidates: {}, lambda changes: None).best is None
+
+
+def test_relative_error_is_against_the_scale_and_refuses_other_shapes():
+    want = np.array([4.0, -8.0], np.float32)
+    assert relative_error(np.array([4.0, -7.0], np.float32), want, scale_of(want)) == 1.0 / 8.0
+    assert scale_of(np.array([0.25], np.float32)) == 1.0  # never below 1
+    assert relative_error(np.zeros(3, np.float32), want, 1.0) == float("inf")
+
+
+def test_a_child_that_dies_says_what_it_was_doing_and_how_it_ended():
+    script = ("import json, os, signal, sys\n"
+              "request = json.loads(sys.stdin.read())\n"
+              "print(json.dumps({'compiling': request['first']}), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGILL)\n")
+    outcome = run_child([sys.executable, "-c", script], {"first": "a"}, timeout=60)
+    assert outcome.choice() is None and outcome.last("compiling") == "a"
+    assert outcome.ending().startswith("SIGILL")
+
+
+def test_a_child_that_finishes_gives_its_choice():
+    script = ("from linnet.backends.measured import child_main\n"
+              "class Pick:\n"
+              "    def __init__(self, n): self.name, self.speedup = n, 1.5\n"
+              "child_main(lambda request, say: say(compiling=request['n']) or Pick(request['n']))\n")
+    outcome = run_child([sys.executable, "-c", script], {"n": "onednn"}, timeout=60)
+    assert outcome.returncode == 0, outcome.stderr_tail
+    assert outcome.choice() == {"name": "onednn", "speedup": 1.5} and outcome.messages[0] == {"compiling": "onednn"}

@@ -7,7 +7,12 @@ candidates once per machine and keep the decision in a JSON file under
 names what a timing depends on (CPU model, threads, library version). A cache that cannot be
 read is an empty one; one that cannot be written is skipped, since a probe only costs time.
 Each tuner names its file, machine key and choice record in one `DecisionCache` and keeps
-only its candidates, how it measures them and how it applies the winner.
+only its candidates, how it times them and how it applies the winner.  What they share is
+here, once: the exactness check (`relative_error` against `scale_of` the default's result,
+within `TOLERANCE`), the decision among exact candidates (`decide`: beat the default by
+`MIN_SPEEDUP`, combine several winners, win a second timing), and the child process a probe
+runs in (`run_child` / `child_main`: JSON in on stdin, one JSON line a step out), which the
+ONNX and XLA tuners use; torch's Linear probe is a few in-process GEMMs and needs none.
 """
 from __future__ import annotations
 
@@ -107,3 +112,140 @@ class DecisionCache:
     def record(self, cache_dir: Path, choices: dict) -> None:
         """Add `choices` ({what was measured: record}) to this machine's, other machines' kept."""
         record_decisions(self.path(cache_dir), self.machine_key(), {k: vars(c) for k, c in choices.items()})
+
+
+# --------------------------------------------------------------------------- exactness and the decision
+
+
+def scale_of(reference) -> float:
+    """What a difference from `reference` is relative to: max(1, max|reference|)."""
+    import numpy as np
+
+    return max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+
+
+def relative_error(got, want, scale: float) -> float:
+    """max|got - want| / scale in f64; inf when the shapes differ."""
+    import numpy as np
+
+    if got.shape != want.shape:
+        return float("inf")
+    if not got.size:
+        return 0.0
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `decide` found: the candidate taken (None: the default stands), its speedup (the
+    smaller of its two timings), every timed ratio by name, and the exact candidates as timed
+    last (with the combination of winners, when it was tried and exact)."""
+
+    best: str | None
+    speedup: float
+    measured: dict
+    exact: dict
+
+
+def decide(exact: dict, time: Callable[[dict], dict], combine: Callable[[dict], tuple | None],
+           min_speedup: float = MIN_SPEEDUP) -> Verdict:
+    """The choice every tuner makes the same way, from its exact candidates
+    ({name: (changes, how to run it, error)}):
+
+    * time them all against the default (`time(candidates)` -> {name: default's time / its});
+    * when several beat it by `min_speedup` (the tuner's MIN_SPEEDUP), merge their changes (the faster overriding the
+      slower), and `combine(changes)` gives that candidate (None when it is not exact); it is
+      timed with the winners;
+    * the best is timed once more against the default alone, and taken only when it wins again:
+      the best of several noisy ratios is biased upward, and the choice is kept for good.
+    """
+    speedups = time(exact)
+    winners = [n for n, s in speedups.items() if s >= min_speedup]
+    if len(winners) > 1:
+        changes: dict = {}
+        for name in sorted(winners, key=speedups.get):
+            changes.update(exact[name][0])
+        combined = combine(changes)
+        if combined is not None:
+            exact = {"combined": combined} | {n: exact[n] for n in winners}
+            retimed = time(exact)
+            speedups = retimed | {n: s for n, s in speedups.items() if n not in retimed}
+    best = max(speedups, key=speedups.get, default=None)
+    measured = {n: round(s, 3) for n, s in speedups.items()}
+    if best is None or speedups[best] < min_speedup:
+        return Verdict(None, 1.0, measured, exact)
+    again = time({best: exact[best]})[best]
+    measured[f"{best} (again)"] = round(again, 3)
+    speedup = min(speedups[best], again)
+    if speedup < min_speedup:
+        return Verdict(None, 1.0, measured, exact)
+    return Verdict(best, round(speedup, 3), measured, exact)
+
+
+# --------------------------------------------------------------------------- the child process
+
+
+def child_command(module: str, prelude: str = "") -> list[str]:
+    """A fresh Python running this checkout's `<module>.child_main()` (after `prelude`, Python
+    run first in the child; tests use it to stand in for a compiler)."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {prelude}\n"
+            f"from {module} import child_main; child_main()"]
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """What a measuring child said (its JSON lines, in order) and how it ended."""
+
+    messages: list
+    returncode: int
+    stderr_tail: str
+
+    def choice(self) -> dict | None:
+        """The `{"choice": ...}` the child ends with, None when it died first."""
+        return next((m["choice"] for m in self.messages if "choice" in m), None)
+
+    def last(self, key: str):
+        """The last value the child gave for `key` (what it was doing when it ended)."""
+        return next((m[key] for m in reversed(self.messages) if key in m), None)
+
+    def ending(self) -> str:
+        return f"{exit_status(self.returncode)} ({self.stderr_tail})"
+
+
+def run_child(command: list[str], request, *, timeout: float, env: dict | None = None) -> ChildOutcome:
+    """Measure in a child process: `request` as JSON on its stdin, one JSON object a line on its
+    stdout.  Why a child: what is measured can crash its process (an XLA option dies with SIGILL)
+    or hold memory the loading process should never own (two ORT sessions' packed weights)."""
+    import subprocess
+
+    done = subprocess.run(command, input=json.dumps(request), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    messages = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:300]
+    return ChildOutcome(messages, done.returncode, tail)
+
+
+def child_main(measure: Callable) -> None:
+    """The child's side: the request from stdin, `measure(request, say)` (`say(**message)`
+    prints one JSON line at once), the choice record it returns as the last line."""
+    import sys
+
+    def say(**message) -> None:
+        print(json.dumps(message), flush=True)
+
+    choice = measure(json.loads(sys.stdin.read()), say)
+    say(choice=vars(choice))
+
+
+def exit_status(code: int) -> str:
+    import signal
+
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"

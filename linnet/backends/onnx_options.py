@@ -22,7 +22,6 @@ session (`default_settings`); so does any provider other than the CPU one.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
-from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
+from . import measured
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, decide, median, relative_error, scale_of, seconds
 
 log = logging.getLogger("linnet.onnx")
 
@@ -134,39 +133,25 @@ def _measure(model_file: Path, providers: list, threads: int) -> SessionChoice:
         return SessionChoice({})
     output = reference_session.get_outputs()[0].name
     reference = reference_session.run([output], feeds)[0]
-    scale = max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+    scale = scale_of(reference)
     # At most two sessions are open at a time (the default and one candidate): each holds its
     # own pre-packed copy of every weight (two peak at 1.1 GB for bert-base), so opening all
     # candidates together would multiply a first load's peak memory by their number.
-    exact: dict[str, tuple[dict, object, float]] = {}
-    for name, changes in candidates(threads).items():
-        error = _relative_error(open_session(changes).run([output], feeds)[0], reference, scale)
-        if error <= TOLERANCE:
-            exact[name] = (changes, lambda changes=changes: open_session(changes), error)
-    speedups = _interleaved_speedups(reference_session, exact, feeds, output)
-    winners = [n for n, s in speedups.items() if s >= MIN_SPEEDUP]
-    if len(winners) > 1:  # several single changes help: measure the best of each setting together
-        combined: dict = {}
-        for name in sorted(winners, key=speedups.get):  # the faster overrides the slower per setting
-            combined.update(exact[name][0])
-        error = _relative_error(open_session(combined).run([output], feeds)[0], reference, scale)
-        if error <= TOLERANCE:
-            exact = {"combined": (combined, lambda: open_session(combined), error)} | {n: exact[n] for n in winners}
-            speedups = _interleaved_speedups(reference_session, exact, feeds, output)
-    best = max(speedups, key=speedups.get, default=None)
-    measured = {n: round(s, 3) for n, s in speedups.items()}
-    if best is None or speedups[best] < MIN_SPEEDUP:
-        return SessionChoice({}, measured=measured)
-    # The best of several noisy ratios is biased upward (on a busy machine a setting that
-    # builds the very same graph as the default won a probe at x1.39), and the choice is kept
-    # for every later load: so the winner is timed once more against the default, and it is
-    # taken only when it wins again; the smaller of its two ratios is the one recorded.
-    confirmed = _interleaved_speedups(reference_session, {best: exact[best]}, feeds, output)[best]
-    measured[f"{best} (again)"] = round(confirmed, 3)
-    if confirmed < MIN_SPEEDUP:
-        return SessionChoice({}, measured=measured)
-    changes, _, error = exact[best]
-    return SessionChoice(dict(changes), round(min(speedups[best], confirmed), 3), error, measured)
+    def exact_candidate(changes: dict):
+        """(changes, how to open its session, error) when within TOLERANCE of the default, else None."""
+        error = relative_error(open_session(changes).run([output], feeds)[0], reference, scale)
+        if not error <= TOLERANCE:  # also refuses NaN
+            return None
+        return changes, lambda: open_session(changes), error
+
+    exact = {name: c for name, c in ((n, exact_candidate(ch)) for n, ch in candidates(threads).items())
+             if c is not None}
+    verdict = decide(exact, lambda timed: _interleaved_speedups(reference_session, timed, feeds, output),
+                     exact_candidate, MIN_SPEEDUP)
+    if verdict.best is None:
+        return SessionChoice({}, measured=verdict.measured)
+    changes, _, error = verdict.exact[verdict.best]
+    return SessionChoice(dict(changes), verdict.speedup, error, verdict.measured)
 
 
 def pinned_dims(session) -> dict[str, int]:
@@ -181,37 +166,27 @@ def pinned_dims(session) -> dict[str, int]:
 
 
 def measure_in_child(model_file: Path, providers: list, threads: int) -> SessionChoice:
-    """`_measure` in a fresh Python process.  The measurement holds two sessions, each with
-    its own pre-packed copy of the weights (1.1 GB peak for bert-base, twice a loaded
-    model's); in a child, that memory is the child's and is all returned when it exits,
-    where in the loading process it would raise the process's peak for good and, freed,
+    """`_measure` in a fresh Python process (`measured.run_child`).  The measurement holds two
+    sessions, each with its own pre-packed copy of the weights (1.1 GB peak for bert-base,
+    twice a loaded model's); in a child, that memory is the child's and is all returned when it
+    exits, where in the loading process it would raise the process's peak for good and, freed,
     mostly stay resident (glibc keeps the heap: 1.25 GB after the measurement in-process, for
     a model that then needs 0.55 GB).  The child times the same sessions on the same file."""
-    import subprocess
-    import sys
-
-    root = str(Path(__file__).resolve().parents[2])
-    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r})\n"
-               "from linnet.backends.onnx_options import child_main; child_main()"]
     request = {"model_file": str(model_file), "providers": [list(p) if isinstance(p, tuple) else p for p in providers],
                "threads": threads}
-    done = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True,
-                          timeout=CHILD_TIMEOUT_S)
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            return SessionChoice(**json.loads(line)["choice"])
-    tail = (done.stderr.strip().splitlines() or [""])[-1][:300]
-    raise RuntimeError(f"the session-option probe process ended with status {done.returncode}: {tail}")
+    outcome = measured.run_child(measured.child_command(__name__), request, timeout=CHILD_TIMEOUT_S)
+    if outcome.choice() is None:
+        raise RuntimeError(f"the session-option probe process ended with {outcome.ending()}")
+    return SessionChoice(**outcome.choice())
 
 
 def child_main() -> None:
-    """The child's side: the request as JSON on stdin, the choice as one JSON line on stdout."""
-    import sys
+    """The child's side (`measured.child_main`): the request as JSON on stdin."""
+    def measure(request: dict, say) -> SessionChoice:
+        providers = [tuple(p) if isinstance(p, list) else p for p in request["providers"]]
+        return _measure(Path(request["model_file"]), providers, int(request["threads"]))
 
-    request = json.loads(sys.stdin.read())
-    providers = [tuple(p) if isinstance(p, list) else p for p in request["providers"]]
-    choice = _measure(Path(request["model_file"]), providers, int(request["threads"]))
-    print(json.dumps({"choice": vars(choice)}), flush=True)
+    measured.child_main(measure)
 
 
 def probe_inputs(session) -> dict | None:
@@ -243,14 +218,6 @@ def probe_inputs(session) -> dict | None:
 
 _NUMPY = {"tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(float)": np.float32,
           "tensor(float16)": np.float16, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
-
-
-def _relative_error(got: np.ndarray, want: np.ndarray, scale: float) -> float:
-    if got.shape != want.shape:
-        return float("inf")
-    if not got.size:
-        return 0.0
-    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
 
 
 def _interleaved_speedups(reference_session, exact: dict, feeds: dict, output: str) -> dict[str, float]:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
-from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
 from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.torch")

@@ -40,7 +40,6 @@ nothing and compiles with XLA's defaults, as does any device other than the CPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shlex
@@ -49,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .measured import KERNEL_CHOICES  # noqa: F401  (the runtime checks `kernels=` against it here)
-from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
+from . import measured
+from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, decide, median, relative_error, scale_of, seconds
 
 log = logging.getLogger("linnet.xla")
 
@@ -132,7 +131,7 @@ def measure(candidate_options: dict[str, dict], build, announce=lambda name: Non
     skipped = sorted(n for n, o in candidate_options.items() if taken_by_user & set(o))
     reference_call = build({})
     reference = reference_call()
-    scale = max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+    scale = scale_of(reference)
     exact: dict[str, tuple[dict, object, float]] = {}
     rejected: dict[str, str] = {}
     for name, options in candidate_options.items():
@@ -144,34 +143,27 @@ def measure(candidate_options: dict[str, dict], build, announce=lambda name: Non
             rejected[name] = verdict
         else:
             exact[name] = (options, *verdict)
-    announce(None)  # timing: a crash now is no candidate's alone
-    speedups = _interleaved_speedups(reference_call, exact)
     errors = {n: v[2] for n, v in exact.items()}
-    winners = [n for n, s in speedups.items() if s >= MIN_SPEEDUP]
-    if len(winners) > 1:  # several single changes help: measure them together too
-        combined: dict = {}
-        for name in sorted(winners, key=speedups.get):
-            combined.update(exact[name][0])
+
+    def time(timed: dict) -> dict[str, float]:
+        announce(None)  # timing: a crash now is no candidate's alone
+        return _interleaved_speedups(reference_call, timed)
+
+    def combine(options: dict):
         announce("combined")
-        verdict = _try(build, combined, reference, scale)
+        verdict = _try(build, options, reference, scale)
         if isinstance(verdict, str):
             rejected["combined"] = verdict
-        else:
-            exact = {"combined": (combined, *verdict)} | {n: exact[n] for n in winners}
-            errors["combined"] = verdict[1]
-            announce(None)
-            speedups |= _interleaved_speedups(reference_call, exact)
-    best = max(speedups, key=speedups.get, default=None)
-    if best is not None and speedups[best] >= MIN_SPEEDUP:
-        # Confirm the winner against the default alone: on a busy machine one candidate's rounds
-        # can catch a quiet moment, and a false win would be cached for good.
-        announce(None)
-        speedups[best] = min(speedups[best], _interleaved_speedups(reference_call, {best: exact[best]})[best])
-    measured = {n: round(s, 3) for n, s in speedups.items()}
-    if best is None or speedups[best] < MIN_SPEEDUP:
-        return XlaChoice({}, measured=measured, rejected=rejected, skipped_for_user_flags=skipped, errors=errors)
-    options, _, error = exact[best]
-    return XlaChoice(dict(options), round(speedups[best], 3), error, measured, rejected, skipped, errors)
+            return None
+        errors["combined"] = verdict[1]
+        return (options, *verdict)
+
+    decided = decide(exact, time, combine, MIN_SPEEDUP)
+    if decided.best is None:
+        return XlaChoice({}, measured=decided.measured, rejected=rejected, skipped_for_user_flags=skipped,
+                         errors=errors)
+    options, _, error = decided.exact[decided.best]
+    return XlaChoice(dict(options), decided.speedup, error, decided.measured, rejected, skipped, errors)
 
 
 def _try(build, options: dict, reference: np.ndarray, scale: float):
@@ -183,7 +175,7 @@ def _try(build, options: dict, reference: np.ndarray, scale: float):
         return f"does not compile here: {str(exc).splitlines()[0][:160]}"
     if result.shape != reference.shape:
         return f"result shape {result.shape}, not {reference.shape}"
-    error = float(np.max(np.abs(result.astype(np.float64) - reference.astype(np.float64)))) / scale
+    error = relative_error(result, reference, scale)
     if not error <= TOLERANCE:  # also refuses NaN
         return f"inexact: max relative difference {error:.2e} > {TOLERANCE:g}"
     return call, error
@@ -233,51 +225,23 @@ def measure_in_child(candidate_options: dict[str, dict]) -> XlaChoice:
 
 def _run_child(candidate_options: dict[str, dict]):
     """The child's XlaChoice, or (the candidate it was compiling or None, why it ended)."""
-    import subprocess
-
     env = dict(os.environ, JAX_PLATFORMS="cpu")  # the probe is XLA:CPU's; no GPU to start
-    done = subprocess.run(child_command(), input=json.dumps(candidate_options), env=env,
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    last = None
-    for line in done.stdout.splitlines():
-        message = json.loads(line) if line.startswith("{") else {}
-        if "choice" in message:
-            return XlaChoice(**message["choice"])
-        last = message.get("compiling", last)
-    tail = (done.stderr.strip().splitlines() or [""])[-1][:160]
-    return last, f"the process ended with {_exit_status(done.returncode)} while compiling it ({tail})"
+    outcome = measured.run_child(child_command(), candidate_options, timeout=CHILD_TIMEOUT_S, env=env)
+    if outcome.choice() is not None:
+        return XlaChoice(**outcome.choice())
+    return outcome.last("compiling"), f"the process ended with {outcome.ending()} while compiling it"
 
 
 def child_command(prelude: str = "") -> list[str]:
-    """The child's command line: this checkout's `child_main` (after `prelude`, Python run
-    first in the child; tests use it to stand in for the compiler)."""
-    import sys
-
-    root = str(Path(__file__).resolve().parents[2])
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {prelude}\n"
-            "from linnet.backends.xla_options import child_main; child_main()"]
-
-
-def _exit_status(code: int) -> str:
-    import signal
-
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
+    """The child's command line: this module's `child_main` (after `prelude`; tests use it to
+    stand in for the compiler)."""
+    return measured.child_command(__name__, prelude)
 
 
 def child_main() -> None:
-    """The child's side: candidates as JSON on stdin; one JSON line per step on stdout."""
-    import sys
-
-    def announce(name):
-        print(json.dumps({"compiling": name}), flush=True)
-
-    choice = measure(json.loads(sys.stdin.read()), compile_probe, announce)
-    print(json.dumps({"choice": vars(choice)}), flush=True)
+    """The child's side: candidates as JSON on stdin; it says which one it compiles before each
+    (`{"compiling": name}`), so the parent can tell which one took it down."""
+    measured.child_main(lambda candidates, say: measure(candidates, compile_probe, lambda name: say(compiling=name)))
 
 
 # --------------------------------------------------------------------------- the probe program
