@@ -14,9 +14,9 @@ recorded, the method is dropped from later phases, the other methods go on):
     encode(texts)    the corpus workload: [N, D] float32 numpy sentence embeddings at the
                      workload's corpus_batch and corpus_max_length, normalized
 
-The module runs past 500 lines (~700) because it is one small class per method, each a few
-lines over its parent, registered in one list (`ALL`); split by framework, the registry and
-the shared phase protocol would be spread over several files.
+The reference methods are one small class each; the Linnet ones are generated, one class per
+(backend, dtype, mode) of `LINNET_F32` and `LINNET_CUDA`, from a class per backend and the
+`MODES` table (`linnet_method`).  All are registered in one list (`ALL`).
 
 `workloads` names what a method runs: "fixed" (B=1 latency and B=8 throughput at S=128),
 "varlen" (the padded 32-sentence batch), "corpus" (`encode` over many texts); `supports`
@@ -336,42 +336,14 @@ class LinnetMethod(Method):
 
 
 class LinnetTorch(LinnetMethod):
-    key, name = "linnet-torch", "Linnet torch (generated source)"
-    encodes = True
+    """`nest.load(backend="torch")`: a torch tensor out."""
 
     def hidden(self, output) -> np.ndarray:
         return output.float().cpu().numpy()
 
 
-class LinnetTorchPacked(LinnetTorch):
-    key, name, options = "linnet-torch-packed", "Linnet torch (generated source, padding-free)", {"packing": True}
-
-    def load(self) -> float:
-        seconds = super().load()
-        self.notes.append("packing=True: per-token work on the real tokens only (linnet.middle.packing)")
-        return seconds
-
-
-class LinnetInductor(LinnetTorch):
-    key, name, options = "linnet-inductor", "Linnet torch (torch.compile, inductor)", {"mode": "compile"}
-    # Static shapes: every batch width of the corpus would compile again, past torch.compile's
-    # recompile limit, after which it silently runs eager; so no corpus.
-    encodes = False
-
-    def load(self) -> float:
-        seconds = super().load()
-        self.notes.append("mode='compile' (torch.compile, inductor freezing the weights; static shapes at the bench's "
-                          "fixed B and S); compiled during warm-up, not in load_s")
-        return seconds
-
-
-class LinnetCudaGraphs(LinnetTorch):
-    key, name, options, devices = "linnet-cudagraphs", "Linnet torch (CUDA graphs)", {"mode": "cudagraphs"}, ("cuda",)
-
-
 class LinnetJax(LinnetMethod):
-    key, name, backend = "linnet-jax", "Linnet JAX (XLA, StableHLO)", "stablehlo"
-    encodes = True  # compiles once per batch width, in the corpus warm-up
+    """`nest.load(backend="stablehlo" or "jax")`: a jax array out, ready only when blocked on."""
 
     def run(self, prepared: Batch):
         out = self.model(prepared.tokens, prepared.token_types, attention_mask=prepared.mask)
@@ -393,23 +365,10 @@ class LinnetJax(LinnetMethod):
         return {"device": "gpu" if self.ctx.device == "cuda" else "cpu"}
 
 
-class LinnetJaxSource(LinnetJax):
-    key, name, backend = "linnet-jax-source", "Linnet JAX (XLA, generated source)", "jax"
-    encodes = False  # linnet-jax runs the corpus for JAX
-
-
-class LinnetJaxDefaultOptions(LinnetJax):
-    """XLA's default compiler options, not the ones measured at load: what the option search buys."""
-
-    key, name, options = "linnet-jax-default-options", "Linnet JAX (XLA, StableHLO, kernels='default')", \
-        {"kernels": "default"}
-    encodes = False
-
-
 class LinnetOnnx(LinnetMethod):
-    key, name, backend = "linnet-onnx-f32", "Linnet ONNX f32 -> ONNX Runtime", "onnx"
+    """`nest.load(backend="onnx")`: given `providers` when the variant names them, else the device."""
+
     providers: tuple | None = None
-    encodes = True
 
     def _device_args(self) -> dict:
         if self.providers is not None:
@@ -429,64 +388,94 @@ class LinnetOnnx(LinnetMethod):
         return np.asarray(output, dtype=np.float32)
 
 
-class LinnetOnnxPadded(LinnetOnnx):
-    key, name, options = "linnet-onnx-f32-padded", "Linnet ONNX f32 -> ONNX Runtime (padded, packing=False)", \
-        {"packing": False}
-
-    def load(self) -> float:
-        seconds = super().load()
-        self.notes.append("packing=False: the padded program, every position computed")
-        return seconds
-
-
-class LinnetOnnxDefaultSession(LinnetOnnx):
-    """The default session, not the one measured at load: what the option search buys."""
-
-    key, name, options = "linnet-onnx-f32-default-session", "Linnet ONNX f32 -> ONNX Runtime (kernels='default')", \
-        {"kernels": "default"}
-    encodes = False
-
-
-# CUDA-only variants: lower precision, and ONNX Runtime's TensorRT provider.
-class LinnetTorchBF16(LinnetTorch):
-    key, name, dtype, devices = "linnet-torch-bf16", "Linnet torch (generated source, bf16)", "bf16", ("cuda",)
-
-
-class LinnetInductorBF16(LinnetInductor):
-    key, name, dtype, devices = "linnet-inductor-bf16", "Linnet torch (torch.compile, bf16)", "bf16", ("cuda",)
-
-
-class LinnetCudaGraphsBF16(LinnetCudaGraphs):
-    key, name, dtype = "linnet-cudagraphs-bf16", "Linnet torch (CUDA graphs, bf16)", "bf16"
-
-
-class LinnetJaxBF16(LinnetJax):
-    key, name, dtype, devices = "linnet-jax-bf16", "Linnet JAX (XLA, StableHLO, bf16)", "bf16", ("cuda",)
-
-
-class LinnetJaxSourceBF16(LinnetJaxSource):
-    key, name, dtype, devices = "linnet-jax-source-bf16", "Linnet JAX (generated source, bf16)", "bf16", ("cuda",)
-
-
-class LinnetOnnxF16(LinnetOnnx):
-    key, name, dtype, devices = "linnet-onnx-f16", "Linnet ONNX f16 -> ONNX Runtime (CUDA)", "f16", ("cuda",)
-
-
-class LinnetOnnxBF16(LinnetOnnx):
-    key, name, dtype, devices = "linnet-onnx-bf16", "Linnet ONNX bf16 -> ONNX Runtime (CUDA)", "bf16", ("cuda",)
-
-
 _TRT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-class LinnetOnnxTrt(LinnetOnnx):
-    key, name, devices, providers = ("linnet-onnx-f32-trt", "Linnet ONNX f32 -> ONNX Runtime (TensorRT)",
-                                     ("cuda",), _TRT)
-    encodes = False  # TensorRT builds an engine per new shape profile (minutes each)
+@dataclass(frozen=True)
+class Mode:
+    """One way of loading a backend that the bench compares: what it adds to the method's key
+    and name, the `nest.load` options it passes, and what it says about itself."""
+
+    key: str            # the key's stem (torch, jax) or suffix (onnx, after the dtype)
+    label: str          # in the name's parentheses
+    options: tuple = ()  # (option, value) pairs for nest.load
+    note: str = ""      # appended to the notes after loading
+    encodes: bool = True  # runs the corpus (f32 only): each new batch width without minutes of compiling
+    cuda_only: bool = False
+    providers: tuple | None = None  # onnx: the providers it names instead of a device
 
 
-class LinnetOnnxF16Trt(LinnetOnnxTrt):
-    key, name, dtype = "linnet-onnx-f16-trt", "Linnet ONNX f16 -> ONNX Runtime (TensorRT)", "f16"
+#: (backend, mode) -> how the bench loads it; the backend a family's class runs is the record's name.
+MODES: dict[tuple[str, str], Mode] = {
+    ("torch", "eager"): Mode("linnet-torch", "generated source"),
+    ("torch", "packed"): Mode("linnet-torch-packed", "generated source, padding-free", (("packing", True),),
+                              "packing=True: per-token work on the real tokens only (linnet.middle.packing)"),
+    # Static shapes: every batch width of the corpus would compile again, past torch.compile's
+    # recompile limit, after which it silently runs eager; so no corpus.
+    ("torch", "compile"): Mode("linnet-inductor", "torch.compile, inductor", (("mode", "compile"),),
+                               "mode='compile' (torch.compile, inductor freezing the weights; static shapes at the "
+                               "bench's fixed B and S); compiled during warm-up, not in load_s", encodes=False),
+    ("torch", "cudagraphs"): Mode("linnet-cudagraphs", "CUDA graphs", (("mode", "cudagraphs"),), cuda_only=True),
+    # JAX compiles once per batch width, in the corpus warm-up.
+    ("stablehlo", "export"): Mode("linnet-jax", "XLA, StableHLO"),
+    # linnet-jax runs the corpus for JAX: this is its program again, from the generated source.
+    ("jax", "source"): Mode("linnet-jax-source", "XLA, generated source", encodes=False),
+    # XLA's default compiler options, not the ones measured at load: what the option search buys.
+    ("stablehlo", "default-options"): Mode("linnet-jax-default-options", "XLA, StableHLO, kernels='default'",
+                                           (("kernels", "default"),), encodes=False),
+    ("onnx", "default"): Mode("", ""),
+    ("onnx", "padded"): Mode("-padded", "padded, packing=False", (("packing", False),),
+                             "packing=False: the padded program, every position computed"),
+    # The default session, not the one measured at load: what the option search buys.
+    ("onnx", "default-session"): Mode("-default-session", "kernels='default'", (("kernels", "default"),),
+                                      encodes=False),
+    # TensorRT builds an engine per new shape profile (minutes each): no corpus.
+    ("onnx", "trt"): Mode("-trt", "TensorRT", encodes=False, cuda_only=True, providers=_TRT),
+}
+_FAMILY = {"torch": (LinnetTorch, "Linnet torch"), "jax": (LinnetJax, "Linnet JAX"),
+           "stablehlo": (LinnetJax, "Linnet JAX"), "onnx": (LinnetOnnx, "Linnet ONNX")}
+
+
+def linnet_method(backend: str, dtype: str, mode: str) -> type[LinnetMethod]:
+    """The bench method for `nest.load(backend=..., dtype=...)` loaded as `mode` says; any dtype
+    but f32 runs on CUDA only (the CPU has no fast bf16/f16 path the bench compares)."""
+    spec = MODES[(backend, mode)]
+    family, title = _FAMILY[backend]
+    if backend == "onnx":
+        key = f"linnet-onnx-{dtype}{spec.key}"
+        name = f"{title} {dtype} -> ONNX Runtime" + (f" ({spec.label})" if spec.label else "")
+    else:
+        key = spec.key if dtype == "f32" else f"{spec.key}-{dtype}"
+        name = f"{title} ({spec.label})" if dtype == "f32" else f"{title} ({spec.label}, {dtype})"
+    attrs = {"key": key, "name": name, "backend": backend, "dtype": dtype, "options": dict(spec.options),
+             "encodes": spec.encodes, "devices": ("cuda",) if spec.cuda_only or dtype != "f32" else ("cpu", "cuda"),
+             "mode": mode, "__doc__": f"{name}: generated from ({backend!r}, {dtype!r}, {mode!r})."}
+    if spec.providers is not None:
+        attrs["providers"] = spec.providers
+    if spec.note:
+        attrs["load"] = _noting(family, spec.note)
+    class_name = "Linnet" + "".join(w.capitalize() for w in f"{backend}-{mode}-{dtype}".split("-"))
+    return type(class_name, (family,), attrs)
+
+
+def _noting(family: type[LinnetMethod], note: str):
+    def load(self) -> float:
+        seconds = family.load(self)
+        self.notes.append(note)
+        return seconds
+
+    return load
+
+
+#: The Linnet methods as (backend, dtype, mode), in the order a round runs them: f32 on every
+#: device, then the CUDA-only ones.
+LINNET_F32 = [("torch", "f32", "eager"), ("torch", "f32", "packed"), ("torch", "f32", "compile"),
+              ("torch", "f32", "cudagraphs"), ("stablehlo", "f32", "export"), ("jax", "f32", "source"),
+              ("stablehlo", "f32", "default-options"), ("onnx", "f32", "default"), ("onnx", "f32", "padded"),
+              ("onnx", "f32", "default-session")]
+LINNET_CUDA = [("torch", "bf16", "eager"), ("torch", "bf16", "compile"), ("torch", "bf16", "cudagraphs"),
+               ("stablehlo", "bf16", "export"), ("jax", "bf16", "source"), ("onnx", "f16", "default"),
+               ("onnx", "bf16", "default"), ("onnx", "f32", "trt"), ("onnx", "f16", "trt")]
 
 
 # --------------------------------------------------------------------------- Triton
@@ -699,12 +688,11 @@ def _tree_peak_rss_kib(pid: int) -> int:
 # --------------------------------------------------------------------------- registry
 
 #: Every method, in the order a round runs them (the reference first).
-ALL = [TransformersEager, TransformersCompile, OnnxReference, SentenceTransformers, LinnetTorch, LinnetTorchPacked,
-       LinnetInductor, LinnetCudaGraphs, LinnetJax, LinnetJaxSource, LinnetJaxDefaultOptions, LinnetOnnx, LinnetOnnxPadded,
-       LinnetOnnxDefaultSession, TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
+ALL = [TransformersEager, TransformersCompile, OnnxReference, SentenceTransformers,
+       *(linnet_method(*m) for m in LINNET_F32),
+       TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
        # CUDA only
-       TransformersEagerBF16, LinnetTorchBF16, LinnetInductorBF16, LinnetCudaGraphsBF16, LinnetJaxBF16,
-       LinnetJaxSourceBF16, LinnetOnnxF16, LinnetOnnxBF16, LinnetOnnxTrt, LinnetOnnxF16Trt]
+       TransformersEagerBF16, *(linnet_method(*m) for m in LINNET_CUDA)]
 REFERENCE = TransformersEager.key
 #: The corpus workload's reference: what `encode` is compared with, in speed and embeddings.
 CORPUS_ANCHOR = SentenceTransformers.key

@@ -303,3 +303,22 @@ def test_workloads_table_ratios():
     assert ours[2:5] == ["100.0", "0.25", "0.50"] and ours[6:8] == ["25.0", "2.50"]
     del result["methods"][1]  # without HF -> ORT in the run, no column for it
     assert "onnx-reference" not in report.workloads_table(result).splitlines()[0]
+
+
+def test_the_generated_linnet_methods_keep_their_keys_and_pass_their_backend_options():
+    from bench.methods import ALL, LinnetMethod
+    from linnet.backends import check_options
+
+    linnet = [m for m in ALL if issubclass(m, LinnetMethod)]
+    # The keys results and docs/bench.md name, as they were when the methods were written by hand.
+    assert [m.key for m in linnet] == [
+        "linnet-torch", "linnet-torch-packed", "linnet-inductor", "linnet-cudagraphs", "linnet-jax",
+        "linnet-jax-source", "linnet-jax-default-options", "linnet-onnx-f32", "linnet-onnx-f32-padded",
+        "linnet-onnx-f32-default-session", "linnet-torch-bf16", "linnet-inductor-bf16", "linnet-cudagraphs-bf16",
+        "linnet-jax-bf16", "linnet-jax-source-bf16", "linnet-onnx-f16", "linnet-onnx-bf16", "linnet-onnx-f32-trt",
+        "linnet-onnx-f16-trt"]
+    assert len({m.name for m in ALL}) == len(ALL)
+    for method in linnet:
+        backend_options = {k: v for k, v in method.options.items() if k != "packing"}  # packing is nest.load's own
+        assert check_options(method.backend, backend_options) == backend_options, method.key
+        assert ("cpu" in method.devices) == (method.dtype == "f32" and method.mode not in ("cudagraphs", "trt"))
