@@ -49,7 +49,7 @@ def test_an_unknown_option_names_the_ones_the_backend_takes():
 
 def test_an_option_of_the_wrong_type_names_the_type():
     error = _refusal("onnx", share_weights="yes")
-    assert error.code == "E0809" and "share_weights must be a bool, found 'yes' (str)" in str(error)
+    assert error.code == "E0809" and "share_weights must be True or False, found 'yes' (str)" in str(error)
     error = _refusal("torch", kernels=1)
     assert error.code == "E0809" and "kernels must be a str, found 1 (int)" in str(error)
 

@@ -41,7 +41,10 @@ class Option:
     bad_value: Any = codes.UNKNOWN_BACKEND_OPTION
 
     def type_names(self) -> str:
-        return " or ".join(t.__name__ for t in self.types)
+        """The accepted types for people: "True or False" for a flag, else the type names."""
+        if self.types == (bool,):
+            return "True or False"
+        return " or ".join(f"a {t.__name__}" for t in self.types)
 
 
 #: `kernels=`, which every backend takes: "auto" measures the machine's fastest exact choice once
@@ -179,7 +182,7 @@ def _check_value(backend: str, option: Option, value: Any) -> None:
     # bool is an int in Python: an option of type int must still refuse True.
     if not isinstance(value, option.types) or (isinstance(value, bool) and bool not in option.types):
         raise LinnetError(Diagnostic(codes.BAD_BACKEND_OPTION_TYPE,
-                                     f"backend {backend!r}: {option.name} must be a {option.type_names()}, "
+                                     f"backend {backend!r}: {option.name} must be {option.type_names()}, "
                                      f"found {value!r} ({type(value).__name__})"))
     if option.choices is not None and value not in option.choices:
         raise LinnetError(Diagnostic(option.bad_value,
