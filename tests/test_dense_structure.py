@@ -128,3 +128,29 @@ def test_fused_program_matches_torch(program):
     with torch.inference_mode():
         got = model.mix(xt)
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_runs_a_conv1d_layout_weight_and_gives_it_back_as_stored():
+    torch = pytest.importorskip("torch", reason="this test compares with torch, which must be installed")
+    if not torch.backends.mkldnn.is_available():
+        pytest.fail("this test needs torch built with oneDNN (mkldnn)")
+    from linnet.backends import torch_kernels
+    from linnet.middle.linears import DenseForm
+
+    class Conv1D(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(16, 24))  # [In, Out]
+            self.bias = torch.nn.Parameter(torch.randn(24))
+
+        def forward(self, x):
+            return torch.matmul(x, self.weight) + self.bias
+
+    module = Conv1D()
+    stored = module.weight.detach().clone()
+    torch_kernels.install_onednn(module, DenseForm("weight", "bias", False, const(16), const(24), "f32"))
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        got = module(x)
+    assert torch.allclose(got, x @ stored + module.bias, atol=1e-5, rtol=1e-5)
+    assert torch.equal(module.weight, stored) and torch.equal(module.state_dict()["weight"], stored)

@@ -88,6 +88,10 @@ def dense_instances(program) -> list[tuple[str, DenseForm]]:
     return out
 
 
+#: What `install_onednn` assumes without a form: torch's Linear layout, `weight` [Out, In] and `bias`.
+_TORCH_LINEAR = DenseForm("weight", "bias", True, None, None, "f32")
+
+
 def _out_in_weight(module, form: DenseForm):
     """The module's weight as [Out, In], the layout oneDNN packs (a transposed view for [In, Out])."""
     weight = module._parameters[form.weight]
@@ -133,7 +137,7 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
     return Choice(kernel, round(speedup, 3), error)
 
 
-def install_onednn(module, form: DenseForm) -> None:
+def install_onednn(module, form: DenseForm | None = None) -> None:
     """Run `module` through a packed oneDNN weight whenever autograd is off, and let its dense
     weight go (see the module doc): `module.weight` is rebuilt from the packed one when read.
 
@@ -142,6 +146,8 @@ def install_onednn(module, form: DenseForm) -> None:
     rerouted alike."""
     import torch
 
+    if form is None:  # a torch.nn.Linear, or std's Linear as generated
+        form = _TORCH_LINEAR
     packed = torch.ops.mkldnn._reorder_linear_weight(_out_in_weight(module, form).detach().contiguous(), PROBE_ROWS)
     bias_name = form.bias
 
