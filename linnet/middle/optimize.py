@@ -9,7 +9,12 @@ blocks, calls and ops.
 
 Passes, in order:
 
-* `fuse_linears` — sibling `Linear` sub-blocks applied to the same input in one statement
+Dense layers are found by what their body computes (`linnet.middle.linears.dense_form`), not
+by the block's name: std's `Linear`, a bias-free one and GPT-2's `Conv1D` ([In, Out] weight)
+alike.
+
+* `fuse_linears` — sibling dense sub-blocks (one layout, all with a bias or none) applied to
+  the same input in one statement
   (BERT's query, key and value projections) become one `Linear` over the concatenated
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
   N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
