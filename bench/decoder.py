@@ -122,7 +122,43 @@ def _linnet(backend: str):
     return type(f"Linnet_{backend}", (Linnet,), {"key": f"linnet-{backend}", "backend": backend})
 
 
-ALL = [Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
+class LinnetTorchKernels(Linnet):
+    """torch with the per-machine kernel choice on (`kernels="auto"`), dense layers recognised
+    by std's name only (`structural = False`, GPT-2's Conv1D missed) or by structure: the
+    switch (`LINNET_STRUCTURAL_LINEARS`) is set while the model loads, so both run in one
+    process and one interleaved run."""
+
+    backend = "torch"
+    structural = True
+
+    def __init__(self, weights: Path):
+        import os
+
+        from linnet import nest
+        from linnet.middle.linears import SWITCH
+        from linnet.nest.generate import _steps
+
+        before = os.environ.get(SWITCH)
+        os.environ[SWITCH] = "1" if self.structural else "0"
+        try:
+            self.model = nest.load(linnet_entry(weights), backend="torch", weights=weights / "model.safetensors",
+                                   kernels="auto")
+        finally:
+            if before is None:
+                os.environ.pop(SWITCH)
+            else:
+                os.environ[SWITCH] = before
+        self._steps = _steps
+
+
+def _torch_kernels(structural: bool):
+    suffix = "structural" if structural else "by-name"
+    return type(f"LinnetTorchKernels_{suffix}", (LinnetTorchKernels,),
+                {"key": f"linnet-torch-auto-{suffix}", "structural": structural})
+
+
+ALL = ([Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
+       + [_torch_kernels(False), _torch_kernels(True)])
 BY_KEY = {m.key: m for m in ALL}
 
 
@@ -203,7 +239,7 @@ def print_ratios(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.decoder", description=__doc__.split("\n")[0])
-    parser.add_argument("--methods", default=",".join(BY_KEY), help="comma-separated keys: " + ", ".join(BY_KEY))
+    parser.add_argument("--methods", default=",".join(m.key for m in ALL[:5]), help="comma-separated keys: " + ", ".join(BY_KEY))
     parser.add_argument("--weights", type=Path, help="a folder with config.json and model.safetensors")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)

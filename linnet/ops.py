@@ -248,6 +248,8 @@ class OpDef:
     made_by: str | None = None
     #: The binary operator lowering makes it from (`+` for `add`).
     operator: str | None = None
+    #: Whether swapping its two operands gives the same value (`add`, `mul`).
+    commutative: bool = False
 
     @property
     def is_primitive(self) -> bool:
@@ -333,7 +335,8 @@ _RECORDS = [
     _primitive("cast", "cast<U>(x: Tensor[*S; T] | Dim) -> Tensor[*S; U]", _cast, dtype_generics=1,
                attrs=(("dtype", DTYPE),), lower=_lower_cast, kind=UNARY, zero_fill=ZERO_IF_ALL),
     # What lowering makes of operators (`a + b`, `-x`) and of indexing (`x[:, 0]`).
-    *(OpDef(name, kind=ELEMENTWISE, zero_fill=ZERO_IF_ANY if name == "mul" else None, operator=operator)
+    *(OpDef(name, kind=ELEMENTWISE, zero_fill=ZERO_IF_ANY if name == "mul" else None, operator=operator,
+            commutative=name in ("add", "mul"))
       for name, operator in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"))),
     OpDef("neg", kind=UNARY, zero_fill=ZERO_IF_ALL),
     OpDef("index", (("items", INDEX_ITEMS),), **_ZERO_MOVEMENT),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
+from ..middle.linears import DenseForm, dense_form
 from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.torch")
@@ -51,24 +52,50 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
 
     if not torch.backends.mkldnn.is_available():
         return {}
-    linears = [_submodule(model, prefix) for block_id, prefix in program.instances()
-               if program.blocks[block_id].source == kernels.LINEAR_BLOCK]
+    linears = [(_submodule(model, prefix), form) for prefix, form in dense_instances(program)]
     cached = _CACHE.read(cache_dir)
     choices: dict[str, Choice] = {}
-    for module in linears:
-        if module.weight.device.type != "cpu" or module.weight.dtype != torch.float32:
+    for module, form in linears:
+        if getattr(module, "linnet_kernel", None) == "onednn":
+            continue  # once per module, should two instances name the same one
+        weight = _out_in_weight(module, form)
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
-        key = shape_key(module.weight)
+        bias = None if form.bias is None else module._parameters[form.bias]
+        key = shape_key(weight)
         if key not in choices:
-            choices[key] = cached.get(key) or probe(module.weight, module.bias)
-        if choices[key].kernel == "onednn" and getattr(module, "linnet_kernel", None) != "onednn":
-            install_onednn(module)  # once per module, should two instances name the same one
+            choices[key] = cached.get(key) or probe(weight, bias)
+        if choices[key].kernel == "onednn":
+            install_onednn(module, form)
     if cache_dir is not None and any(k not in cached for k in choices):
         _CACHE.record(cache_dir, {**cached, **choices})
     used = sum(c.kernel == "onednn" for c in choices.values())
     log.info("torch Linear kernels: oneDNN for %d of %d shapes (%s)", used, len(choices),
              ", ".join(f"{k} x{c.speedup:.2f}" for k, c in choices.items()))
     return choices
+
+
+def dense_instances(program) -> list[tuple[str, DenseForm]]:
+    """(instance prefix, form) of every block instance whose `forward` is a dense layer,
+    recognised by structure (`linnet.middle.linears`): std's Linear, a bias-free one, GPT-2's
+    Conv1D with its [In, Out] weight."""
+    out = []
+    for block_id, prefix in program.instances():
+        forward = program.blocks[block_id].methods.get("forward")
+        form = None if forward is None else dense_form(program, program.functions[forward])
+        if form is not None:
+            out.append((prefix, form))
+    return out
+
+
+#: What `install_onednn` assumes without a form: torch's Linear layout, `weight` [Out, In] and `bias`.
+_TORCH_LINEAR = DenseForm("weight", "bias", True, None, None, "f32")
+
+
+def _out_in_weight(module, form: DenseForm):
+    """The module's weight as [Out, In], the layout oneDNN packs (a transposed view for [In, Out])."""
+    weight = module._parameters[form.weight]
+    return weight if form.out_in else weight.t()
 
 
 def _submodule(model, prefix: str):
@@ -110,7 +137,7 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
     return Choice(kernel, round(speedup, 3), error)
 
 
-def install_onednn(module) -> None:
+def install_onednn(module, form: DenseForm | None = None) -> None:
     """Run `module` through a packed oneDNN weight whenever autograd is off, and let its dense
     weight go (see the module doc): `module.weight` is rebuilt from the packed one when read.
 
@@ -119,21 +146,24 @@ def install_onednn(module) -> None:
     rerouted alike."""
     import torch
 
-    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PROBE_ROWS)
+    if form is None:  # a torch.nn.Linear, or std's Linear as generated
+        form = _TORCH_LINEAR
+    packed = torch.ops.mkldnn._reorder_linear_weight(_out_in_weight(module, form).detach().contiguous(), PROBE_ROWS)
+    bias_name = form.bias
 
     def rerouted(generated):
         def forward(self, x):
             if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
                 return generated(x)
-            return _onednn_linear(x, packed, self.bias)
+            return _onednn_linear(x, packed, None if bias_name is None else self._parameters[bias_name])
         return forward
 
     for name in _linear_methods(module):
         setattr(module, name, types.MethodType(rerouted(getattr(module, name)), module))
     module.linnet_kernel = "onednn"
     module.linnet_packed_weight = packed
-    dense = module._parameters.pop("weight")
-    module.__class__ = _packed_class(type(module))
+    dense = module._parameters.pop(form.weight)
+    module.__class__ = _packed_class(type(module), form.weight, form.out_in)
     _release_mapped_pages(dense)
 
 
@@ -201,23 +231,26 @@ def _only_file_pages(first: int, last: int, page: int) -> bool:
     return True
 
 
-_PACKED_CLASSES: dict[type, type] = {}
+_PACKED_CLASSES: dict[tuple[type, str, bool], type] = {}
 
 
-def _packed_class(cls: type) -> type:
-    """`cls` whose `weight` is its packed weight made dense again, in `state_dict()` too."""
-    if cls not in _PACKED_CLASSES:
+def _packed_class(cls: type, name: str, out_in: bool) -> type:
+    """`cls` whose weight param `name` is its packed weight made dense again (transposed back
+    to [In, Out] where it was stored so), in `state_dict()` too."""
+    key = (cls, name, out_in)
+    if key not in _PACKED_CLASSES:
         def weight(self):
-            return self.linnet_packed_weight.to_dense()
+            dense = self.linnet_packed_weight.to_dense()
+            return dense if out_in else dense.t().contiguous()
 
         def _save_to_state_dict(self, destination, prefix, keep_vars):
-            destination[prefix + "weight"] = self.weight  # first, where the dense weight stood
+            destination[prefix + name] = getattr(self, name)  # first, where the dense weight stood
             cls._save_to_state_dict(self, destination, prefix, keep_vars)
 
-        _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {
-            "__doc__": cls.__doc__, "__module__": cls.__module__, "weight": property(weight),
+        _PACKED_CLASSES[key] = type(cls.__name__, (cls,), {
+            "__doc__": cls.__doc__, "__module__": cls.__module__, name: property(weight),
             "_save_to_state_dict": _save_to_state_dict})
-    return _PACKED_CLASSES[cls]
+    return _PACKED_CLASSES[key]
 
 
 def _linear_methods(module) -> list[str]:

@@ -9,7 +9,12 @@ blocks, calls and ops.
 
 Passes, in order:
 
-* `fuse_linears` — sibling `Linear` sub-blocks applied to the same input in one statement
+Dense layers are found by what their body computes (`linnet.middle.linears.dense_form`), not
+by the block's name: std's `Linear`, a bias-free one and GPT-2's `Conv1D` ([In, Out] weight)
+alike.
+
+* `fuse_linears` — sibling dense sub-blocks (one layout, all with a bias or none) applied to
+  the same input in one statement
   (BERT's query, key and value projections) become one `Linear` over the concatenated
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
   N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
@@ -55,7 +60,8 @@ from . import ir
 from .. import ops
 from ..arrays import framework_of
 from ..dims import const
-from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR
+from ..kernels import ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES
+from .linears import DenseForm, dense_form
 from .packing import pack_tokens
 from .rows import dead_rows
 
@@ -117,22 +123,9 @@ def _block_paths(program: ir.Program, block_id: str) -> list[str]:
     return [prefix for bid, prefix in program.instances() if bid == block_id]
 
 
-def _is_std_linear(program: ir.Program, fn: ir.Function) -> bool:
-    """A method of std.nn.linear::Linear whose body is exactly `matmul(x, transpose(weight)) + bias`."""
-    if fn.source != LINEAR or fn.block is None or len(fn.params) != 1:
-        return False
-    params = dict(program.blocks[fn.block].params)
-    if set(params) != {"weight", "bias"} or params["weight"].rank != 2:
-        return False
-    if len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
-        return False
-    e = fn.body[0].value
-    return (isinstance(e, ir.Op) and e.op == "add" and isinstance(e.args[1], ir.ParamRef)
-            and e.args[1].name == "bias" and isinstance(e.args[0], ir.Op) and e.args[0].op == "matmul"
-            and isinstance(e.args[0].args[0], ir.Ref) and e.args[0].args[0].name == fn.params[0][0]
-            and isinstance(e.args[0].args[1], ir.Op) and e.args[0].args[1].op == "transpose"
-            and isinstance(e.args[0].args[1].args[0], ir.ParamRef)
-            and e.args[0].args[1].args[0].name == "weight")
+def _dense(program: ir.Program, call: ir.Call) -> DenseForm | None:
+    """The dense layer a call runs (`linnet.middle.linears`), by what its body computes."""
+    return dense_form(program, program.functions[call.function])
 
 
 def _block_functions(program: ir.Program, block_id: str) -> list[ir.Function]:
@@ -160,7 +153,7 @@ def _linear_calls(program: ir.Program, block: ir.Block, stmt) -> list[ir.Call]:
     subs = {s.name: s for s in block.subs}
     return [e for e in ir.walk(stmt.value)
             if isinstance(e, ir.Call) and e.receiver in subs and subs[e.receiver].count is None
-            and _is_std_linear(program, program.functions[e.function])]
+            and _dense(program, e) is not None]
 
 
 def _linear_group(program: ir.Program, block: ir.Block) -> tuple[ir.Function, object, list[ir.Call]] | None:
@@ -180,8 +173,8 @@ def _linear_group(program: ir.Program, block: ir.Block) -> tuple[ir.Function, ob
             for e in _linear_calls(program, block, stmt):
                 if not _is_pure(e.args[0]) or not _rewritable(program, block, e.receiver):
                     continue
-                weight = dict(program.blocks[program.functions[e.function].block].params)["weight"]
-                group = by_input.setdefault((e.args[0], weight.dims[1], weight.dtype), [])
+                form = _dense(program, e)
+                group = by_input.setdefault((e.args[0], form.in_dim, form.dtype, form.out_in, form.bias is None), [])
                 if all(c.receiver != e.receiver for c in group):
                     group.append(e)
             for group in by_input.values():
@@ -200,7 +193,7 @@ def _rewritable(program: ir.Program, block: ir.Block, member: str) -> bool:
             if not calls:
                 continue
             if isinstance(stmt, ir.Loop) or not all(
-                    _is_std_linear(program, program.functions[e.function]) and _is_pure(e.args[0]) for e in calls):
+                    _dense(program, e) is not None and _is_pure(e.args[0]) for e in calls):
                 return False
     return True
 
@@ -211,39 +204,46 @@ def _fuse_group(out: Optimized, block: ir.Block, fn: ir.Function, anchor, group:
     rewritable)."""
     program = out.program
     first = program.functions[group[0].function]
-    weights = [dict(program.blocks[program.functions[c.function].block].params) for c in group]
-    widths = [w["weight"].dims[0].as_int() for w in weights]
+    forms = [_dense(program, c) for c in group]
+    widths = [f.out_dim.as_int() for f in forms]
     total = sum(widths)
-    in_dim, dtype = weights[0]["weight"].dims[1], weights[0]["weight"].dtype
-    # The fused sub-block: a std Linear<In, sum of Outs>, so every emitter's Linear form applies.
-    fused_block_id = ir.fresh(f"Linear_{in_dim}_{total}", program.blocks)
+    in_dim, dtype, out_in, has_bias = forms[0].in_dim, forms[0].dtype, forms[0].out_in, forms[0].bias is not None
+    # The fused sub-block keeps the group's layout ([Out, In] read transposed, or [In, Out])
+    # and its bias or lack of one, so every emitter writes it as it writes the originals.
+    fused_block_id = ir.fresh(f"{program.blocks[first.block].name}_{in_dim}_{total}", program.blocks)
     member = ir.fresh("_".join(c.receiver for c in group),
                      {s.name for s in block.subs} | {n for n, _ in block.params})
-    wt, bt = ir.TensorType((const(total), in_dim), dtype), ir.TensorType((const(total),), dtype)
+    wt = ir.TensorType((const(total), in_dim) if out_in else (in_dim, const(total)), dtype)
+    bt = ir.TensorType((const(total),), dtype)
     fused_fn_id = f"{fused_block_id}.{first.name}"
     x_name = first.params[0][0]
     result = ir.TensorType(group[0].type.dims[:-1] + (const(total),), dtype)
     body_line = first.body[0].line
-    body = ir.Op("add", (ir.Op("matmul", (ir.Ref(x_name, group[0].args[0].type),
-                                          ir.Op("transpose", (ir.ParamRef("weight", wt),),
-                                                ir.TensorType((in_dim, const(total)), dtype), body_line)),
-                               result, body_line),
-                         ir.ParamRef("bias", bt)), result, body_line)
+    weight = ir.ParamRef("weight", wt)
+    if out_in:
+        weight = ir.Op("transpose", (weight,), ir.TensorType((in_dim, const(total)), dtype), body_line)
+    body = ir.Op("matmul", (ir.Ref(x_name, group[0].args[0].type), weight), result, body_line)
+    if has_bias:
+        body = ir.Op("add", (body, ir.ParamRef("bias", bt)), result, body_line)
     program.functions[fused_fn_id] = ir.Function(
         fused_fn_id, first.name, first.source, fused_block_id, [(x_name, group[0].args[0].type)],
         [ir.Return(body, body_line)], result, first.span,
         {**first.generics, "Out": total}, dict(first.dim_sources))
     source_block = program.blocks[first.block]
+    fused_params = [("weight", wt)] + ([("bias", bt)] if has_bias else [])
     program.blocks[fused_block_id] = ir.Block(fused_block_id, source_block.name, source_block.source,
-                                              {**source_block.generics, "Out": total}, [("weight", wt), ("bias", bt)],
+                                              {**source_block.generics, "Out": total}, fused_params,
                                               [], {first.name: fused_fn_id}, source_block.span)
     block.subs = [s for s in block.subs if s.name not in {c.receiver for c in group}]
     block.subs.insert(0, ir.Sub(member, fused_block_id, None))
     # The plan: the fused weight and bias are the originals concatenated along Out.
     for prefix in _block_paths(program, block.id):
-        for p in ("weight", "bias"):
-            out.plan[f"{prefix}{member}.{p}"] = ParamTransform(
-                f"{prefix}{member}.{p}", tuple(f"{prefix}{c.receiver}.{p}" for c in group), 0)
+        out.plan[f"{prefix}{member}.weight"] = ParamTransform(
+            f"{prefix}{member}.weight", tuple(f"{prefix}{c.receiver}.{f.weight}" for c, f in zip(group, forms)),
+            forms[0].out_axis)
+        if has_bias:
+            out.plan[f"{prefix}{member}.bias"] = ParamTransform(
+                f"{prefix}{member}.bias", tuple(f"{prefix}{c.receiver}.{f.bias}" for c, f in zip(group, forms)), 0)
     rows, start = {}, 0
     for call, width in zip(group, widths):
         rows[call.receiver], start = (start, start + width), start + width
@@ -335,8 +335,11 @@ def _fold_attention_scale(out: Optimized, exact: bool) -> None:
             if len(scales) != 1 or not _read_only_by(program, block, member, (start, stop), found):
                 continue
             (scale,) = scales
+            form = _dense(program, found[0][2][4])
             for prefix in _block_paths(program, block_id):
-                for p in ("weight", "bias"):
+                for p in (form.weight, form.bias):
+                    if p is None:
+                        continue
                     path = f"{prefix}{member}.{p}"
                     t = out.plan.get(path, ParamTransform(path, (path,), 0))
                     out.plan[path] = replace(t, row_scales=t.row_scales + ((start, stop, scale),))
@@ -419,9 +422,9 @@ def _set_scale_one(program: ir.Program, calls: set[int], functions: set[str]) ->
                 fn.body[i] = replace(stmt, value=ir.map_expr(stmt.value, fold))
 
 
-def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, str | None] | None:
-    """(sub member, first row, end row, the `let` holding its call or None) of the Linear whose
-    output `q` is, through data movement."""
+def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, str | None, ir.Call] | None:
+    """(sub member, first row, end row, the `let` holding its call or None, that call) of the
+    dense layer whose output `q` is, through data movement."""
     while True:
         if isinstance(q, ir.Call) and q.receiver is None and _data_movement(program, program.functions[q.function]):
             q = q.args[0]
@@ -442,11 +445,13 @@ def _linear_source(program, block, q, lets, assigned) -> tuple[str, int, int, st
         q, rows = lets[name], (last[1].as_int(), last[2].as_int())
     else:
         rows = None
-    if not (isinstance(q, ir.Call) and q.receiver in subs and subs[q.receiver].count is None
-            and _is_std_linear(program, program.functions[q.function])):
+    if not (isinstance(q, ir.Call) and q.receiver in subs and subs[q.receiver].count is None):
         return None
-    width = dict(program.blocks[program.functions[q.function].block].params)["weight"].dims[0].as_int()
-    return (q.receiver, *(rows or (0, width)), name)
+    form = _dense(program, q)
+    # Scaling whole rows of the weight scales outputs only when rows are outputs ([Out, In]).
+    if form is None or not form.out_in:
+        return None
+    return (q.receiver, *(rows or (0, form.out_dim.as_int())), name, q)
 
 
 # ------------------------------------------------------------------ binding

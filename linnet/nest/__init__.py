@@ -513,7 +513,11 @@ def _compile_key(manifest: Manifest, dtype: str | None, overrides: dict | None,
     from .. import __version__
     from ..paths import std_dir
 
-    digest = hashlib.sha256(f"{__version__}|{dtype}|{sorted((overrides or {}).items())}|{optimize}".encode())
+    from ..middle.linears import structural
+
+    # Whether dense layers are recognised by structure changes what the optimiser fuses.
+    digest = hashlib.sha256(f"{__version__}|{dtype}|{sorted((overrides or {}).items())}|{optimize}|"
+                            f"structural={structural()}".encode())
     try:
         compiler = Path(__file__).resolve().parent.parent
         # The compiler's own stages (the top-level modules and the front end, checker and

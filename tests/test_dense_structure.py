@@ -1,0 +1,156 @@
+"""Dense layers recognised by structure (linnet/middle/linears.py): a hand-written GPT-2-style
+`Conv1D` (weight [In, Out]) and a bias-free layer (weight [Out, In]), neither std's `Linear`,
+are fused by `fuse_linears`, and the fused program gives torch's own numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from linnet.cli.targets import locate
+from linnet.compiler import compile_target
+from linnet.dims import const
+from linnet.middle import ir
+from linnet.middle.linears import SWITCH, dense_form
+from linnet.middle.lower import lower
+from linnet.middle.optimize import bind_params, optimize
+
+D = 8
+
+SOURCE = """\
+module dense
+
+pub block Conv1D<In: Dim, Out: Dim, T: Float> {
+    param weight: Tensor[In, Out; T]
+    param bias: Tensor[Out; T]
+
+    pub fn forward<*S: Shape>(x: Tensor[*S, In; T]) -> Tensor[*S, Out; T] {
+        return bias + matmul(x, weight)
+    }
+}
+
+pub block Plain<In: Dim, Out: Dim, T: Float> {
+    param kernel: Tensor[Out, In; T]
+
+    pub fn forward<*S: Shape>(x: Tensor[*S, In; T]) -> Tensor[*S, Out; T] {
+        return matmul(x, transpose(kernel))
+    }
+}
+
+pub block Model<D: Dim, T: Float = f32> {
+    sub a: Conv1D<D, D, T>
+    sub b: Conv1D<D, D, T>
+    sub p: Plain<D, D, T>
+    sub q: Plain<D, D, T>
+
+    pub entry mix<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
+        return a.forward(x) * p.forward(x) + q.forward(x) - b.forward(x)
+    }
+}
+"""
+
+MANIFEST = f"""\
+[model]
+name = "dense-structure"
+title = "Dense layers by structure"
+summary = "Conv1D-layout and bias-free dense layers."
+license = "MIT"
+family = "test"
+
+[source]
+path = "src/lib.linnet"
+root = "Model"
+entry = "mix"
+
+[generics]
+D = {D}
+T = "f32"
+
+[check]
+B = 2
+S = 3
+"""
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    entry = tmp_path_factory.mktemp("dense") / "dense-structure"
+    (entry / "src").mkdir(parents=True)
+    (entry / "src" / "lib.linnet").write_text(SOURCE, encoding="utf-8")
+    (entry / "nest.toml").write_text(MANIFEST, encoding="utf-8")
+    (entry / "linnet.toml").write_text('[package]\nname = "dense"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    return lower(compile_target(locate(entry)).instance)
+
+
+def _forward(program: ir.Program, block: str) -> ir.Function:
+    return program.functions[program.blocks[block].methods["forward"]]
+
+
+def test_both_layouts_are_dense_layers(program):
+    a = dense_form(program, _forward(program, program.blocks["Model"].subs[0].block))
+    p = dense_form(program, _forward(program, program.blocks["Model"].subs[2].block))
+    assert (a.weight, a.bias, a.out_in) == ("weight", "bias", False)
+    assert (p.weight, p.bias, p.out_in) == ("kernel", None, True)
+
+
+def test_siblings_of_each_layout_fuse(program):
+    out = optimize(program, passes=("fuse_linears",))
+    ir.verify(out.program)
+    subs = {s.name: out.program.blocks[s.block] for s in out.program.blocks["Model"].subs}
+    assert set(subs) == {"a_b", "p_q"}
+    assert [(n, t.dims) for n, t in subs["a_b"].params] == [
+        ("weight", (const(D), const(2 * D))), ("bias", (const(2 * D),))]
+    assert [(n, t.dims) for n, t in subs["p_q"].params] == [("weight", (const(2 * D), const(D)))]
+    assert out.plan["a_b.weight"].sources == ("a.weight", "b.weight") and out.plan["a_b.weight"].axis == 1
+    assert out.plan["p_q.weight"].sources == ("p.kernel", "q.kernel") and out.plan["p_q.weight"].axis == 0
+
+
+def test_switched_off_nothing_fuses(program, monkeypatch):
+    monkeypatch.setenv(SWITCH, "0")
+    out = optimize(program, passes=("fuse_linears",))
+    assert [s.name for s in out.program.blocks["Model"].subs] == ["a", "b", "p", "q"]
+    assert out.plan == {}
+
+
+def test_fused_program_matches_torch(program):
+    torch = pytest.importorskip("torch", reason="this test compares with torch, which must be installed")
+    from test_optimize import _torch_model
+
+    rng = np.random.default_rng(3)
+    params = {path: rng.standard_normal([d.as_int() for d in t.dims]).astype(np.float32)
+              for path, t in program.param_paths()}
+    out = optimize(program, passes=("fuse_linears",))
+    model = _torch_model(out.program, bind_params(out, params))
+    x = rng.standard_normal((2, 3, D)).astype(np.float32)
+    t = {k: torch.from_numpy(v) for k, v in params.items()}
+    xt = torch.from_numpy(x)
+    expected = ((xt @ t["a.weight"] + t["a.bias"]) * torch.nn.functional.linear(xt, t["p.kernel"])
+                + torch.nn.functional.linear(xt, t["q.kernel"]) - (xt @ t["b.weight"] + t["b.bias"]))
+    with torch.inference_mode():
+        got = model.mix(xt)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_runs_a_conv1d_layout_weight_and_gives_it_back_as_stored():
+    torch = pytest.importorskip("torch", reason="this test compares with torch, which must be installed")
+    if not torch.backends.mkldnn.is_available():
+        pytest.fail("this test needs torch built with oneDNN (mkldnn)")
+    from linnet.backends import torch_kernels
+    from linnet.middle.linears import DenseForm
+
+    class Conv1D(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(16, 24))  # [In, Out]
+            self.bias = torch.nn.Parameter(torch.randn(24))
+
+        def forward(self, x):
+            return torch.matmul(x, self.weight) + self.bias
+
+    module = Conv1D()
+    stored = module.weight.detach().clone()
+    torch_kernels.install_onednn(module, DenseForm("weight", "bias", False, const(16), const(24), "f32"))
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        got = module(x)
+    assert torch.allclose(got, x @ stored + module.bias, atol=1e-5, rtol=1e-5)
+    assert torch.equal(module.weight, stored) and torch.equal(module.state_dict()["weight"], stored)
