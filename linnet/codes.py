@@ -110,6 +110,9 @@ DELEGATION_CLASH: Final = _register("E0110", "delegation-clash", "resolve",
     "a delegated name is also defined in the block, or delegated twice")
 DELEGATION_CYCLE: Final = _register("E0111", "delegation-cycle", "resolve",
     "delegated entries that forward to each other in a cycle")
+DELEGATION_THEN_MISMATCH: Final = _register("E0112", "delegation-then-mismatch", "resolve",
+    "`use field.entry then f`: `f` does not take one tensor input, or the entry's result does not fit "
+    "that input so `f`'s generics and result cannot be read off it")
 
 # -- check: types, dims and where clauses (check/, prims.py)
 UNKNOWN_NAME: Final = _register("E0201", "unknown-name", "check", "an unknown name or dim")

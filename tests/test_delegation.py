@@ -146,3 +146,107 @@ def test_a_tree_resolved_twice_gains_its_delegated_entries_once(tmp_path):
     assert errors == []
     outer = next(i for i in program.roots[0].tree.items if i.name == "Outer")
     assert [f.name for f in outer.functions] == ["forward"]
+
+
+THEN = INNER + """
+pub block Outer<E: Dim, L: Dim> {
+    sub inner: Inner<E, f32>
+    param head: Tensor[E, L; f32]
+    pub use inner.{forward as logits} then scores
+    pub entry written<B: Dim>(x: Tensor[B, E; f32], y: Tensor[B, E; f32] = zeros) -> Tensor[B, L; f32]
+    where B <= 4 {
+        return scores(inner.forward(x, y))
+    }
+    fn scores<N: Dim>(hidden: Tensor[N, E; f32]) -> Tensor[N, L; f32] {
+        return matmul(hidden, head)
+    }
+}
+"""
+
+
+def test_then_lifts_the_result_through_the_blocks_function(tmp_path):
+    blocks = _blocks(tmp_path, THEN)
+    logits = next(f for f in blocks["Outer"].functions if f.name == "logits")
+    assert [(p.name, _type_text(p.type), p.default) for p in logits.params] == [
+        ("x", "[B, E; f32]", None), ("y", "[B, E; f32]", "zeros")]
+    # `scores`' N is read off `forward`'s result [B, E]: the lifted result is [B, L].
+    assert _type_text(logits.result) == "[B, L; f32]"
+    assert [g.name for g in logits.generics] == ["B"]
+    call = logits.body[0].value
+    assert (call.name, call.args[0].receiver.name, call.args[0].method) == ("scores", "inner", "forward")
+
+
+MANIFEST = """\
+[model]
+name = "lifted-head"
+title = "Lifted delegation test"
+summary = "A head whose logits are a lifted delegation."
+license = "MIT"
+family = "test"
+
+[source]
+path = "src/lib.linnet"
+root = "Outer"
+entry = "logits"
+
+[generics]
+E = 3
+L = 2
+
+[check]
+B = 2
+
+[weights]
+repo = "linnet/lifted-head"
+revision = "0000000000000000000000000000000000000000"
+files = ["model.safetensors"]
+bindings = "bindings.json"
+"""
+
+
+@pytest.fixture(scope="module")
+def lifted_entry(tmp_path_factory):
+    """A zoo entry of `THEN` with random weights: its folder, weights file and the weights."""
+    np = pytest.importorskip("numpy", reason="numpy is needed to build the weights")
+    safetensors = pytest.importorskip("safetensors.numpy", reason="safetensors is needed to write the weights")
+    root = tmp_path_factory.mktemp("lifted")
+    entry = root / "lifted-head"
+    (entry / "src").mkdir(parents=True)
+    (entry / "src" / "lib.linnet").write_text("module heads\n" + THEN, encoding="utf-8")
+    (entry / "nest.toml").write_text(MANIFEST, encoding="utf-8")
+    (entry / "linnet.toml").write_text('[package]\nname = "heads"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    rng = np.random.default_rng(3)
+    weights = {"inner.w": rng.standard_normal((3, 3)).astype(np.float32),
+               "head": rng.standard_normal((3, 2)).astype(np.float32)}
+    (entry / "bindings.json").write_text(json.dumps({k: f"ckpt.{k}" for k in weights}))
+    safetensors.save_file({f"ckpt.{k}": v for k, v in weights.items()}, str(root / "model.safetensors"))
+    return entry, root / "model.safetensors", weights
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_lifted_entry_computes_what_the_written_one_does(lifted_entry, backend):
+    """Both against numpy by hand: (x + y) @ head, the sum being `Inner.forward`."""
+    import numpy as np
+
+    from linnet import nest
+
+    entry, weights_file, weights = lifted_entry
+    model = nest.load(entry, backend=backend, weights=weights_file)
+    rng = np.random.default_rng(5)
+    x, y = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+    expected = (x.astype(np.float64) + y) @ weights["head"].astype(np.float64)
+    np.testing.assert_allclose(np.asarray(model.logits(x, y)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(model.written(x, y)), expected, rtol=1e-5, atol=1e-5)
+    # `y` defaults to zeros, as on the delegated entry.
+    np.testing.assert_allclose(np.asarray(model.logits(x)), x.astype(np.float64) @ weights["head"], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_then_refuses_a_function_whose_input_does_not_fit(tmp_path):
+    bad = tmp_path / "bad.linnet"
+    bad.write_text(THEN.replace("fn scores<N: Dim>(hidden: Tensor[N, E; f32])",
+                                "fn scores<N: Dim, S: Dim>(hidden: Tensor[N, S, E; f32])")
+                   .replace("Tensor[N, L; f32]", "Tensor[N, S, L; f32]"), encoding="utf-8")
+    with pytest.raises(LinnetError) as err:
+        load_file(bad)
+    assert [d.code for d in err.value.diagnostics] == ["E0112"]

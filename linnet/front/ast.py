@@ -344,6 +344,8 @@ class Delegate:
     name_span: Span
     span: Span
     position: int = 0  # how many of the block's functions are declared before it, to keep entry order
+    then: str | None = None  # `... then scores`: the block function the callee's result goes through
+    then_span: Span | None = None
 
 
 @dataclass(eq=False)

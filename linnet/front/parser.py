@@ -9,6 +9,7 @@ error messages they share; the grammar itself is in grammar.lark.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -283,8 +284,14 @@ class _ToAst(Transformer):
 
     def delegate_decl(self, meta, children):
         public, field, *names = children
+        then = names.pop() if names and isinstance(names[-1], _DelegateThen) else _DelegateThen(None, None)
         return [ast.Delegate(public, str(field), self._t(field), callee, callee_span, name, name_span,
-                             self._s(meta)) for callee, callee_span, name, name_span in names]
+                             self._s(meta), then=then.name, then_span=then.span)
+                for callee, callee_span, name, name_span in names]
+
+    def delegate_then(self, meta, children):
+        (name,) = children
+        return _DelegateThen(str(name), self._t(name))
 
     def delegate_name(self, meta, children):
         callee, *alias = children
@@ -561,3 +568,11 @@ def parse_file(path: Path, sources: SourceMap | None = None, display_name: str |
                                      (Note("Linnet sources are UTF-8; re-save the file as UTF-8"),)),
                           sources) from None
     return parse(text, name, sources)
+
+
+@dataclass(frozen=True)
+class _DelegateThen:
+    """The `then f` of a delegation, before it is copied onto each delegated name."""
+
+    name: str | None
+    span: "Span | None"

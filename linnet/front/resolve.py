@@ -324,15 +324,87 @@ class _Delegations:
             mapping.pop(generic.name, None)
         copy = lambda node: _substitute(node, mapping)  # noqa: E731
         span = d.span
-        body = [ast.Return(ast.MethodCall(ast.Name(d.field, d.field_span), d.callee,
+        result: ast.Expr = ast.MethodCall(ast.Name(d.field, d.field_span), d.callee,
                                           [ast.Name(p.name, d.callee_span) for p in callee.params],
-                                          span, d.callee_span), span)]
+                                          span, d.callee_span)
+        result_type = copy(callee.result)
+        if d.then is not None:
+            lifted = self._then(block, d, result_type)
+            if lifted is None:
+                return None
+            result_type = lifted
+            result = ast.Call(d.then, [], [result], span, d.then_span)
         return ast.Function(d.name, d.public, callee.is_entry, copy(callee.generics), copy(callee.params),
-                            copy(callee.result), copy(callee.where), body, span, d.name_span, callee.doc)
+                            result_type, copy(callee.where), [ast.Return(result, span)], span, d.name_span,
+                            callee.doc)
+
+    def _then(self, block: ast.Block, d: ast.Delegate, delegated: ast.TypeNode | None) -> ast.TypeNode | None:
+        """The result of `then f` over the delegated entry's result `delegated`, or None (reported).
+
+        `f` is one of the block's own functions with one tensor input; its generics are read off
+        that input against `delegated` dim by dim, and its declared result, with them put in, is
+        the lifted entry's result.  The checker then checks the call `f(field.entry(...))` itself.
+        """
+        then = next((f for f in block.functions if f.name == d.then), None)
+        if then is None:
+            names = ", ".join(f"`{f.name}`" for f in block.functions) or "none"
+            self._bad(d.then_span, f"block `{block.name}` has no function `{d.then}` to pass `{d.callee}`'s "
+                      "result through", f"its functions: {names}")
+            return None
+        if len(then.params) != 1 or then.result is None:
+            self._then_mismatch(d, then, f"`{then.name}` takes {len(then.params)} inputs"
+                                + ("" if then.result is not None else " and declares no result")
+                                + "; `then` needs a function of one input with a declared result")
+            return None
+        bindings = _bind_generics(then.generics, then.params[0].type, delegated)
+        if isinstance(bindings, str):
+            self._then_mismatch(d, then, f"`{d.callee}`'s result does not fit `{then.name}`'s input "
+                                f"`{then.params[0].name}`: {bindings}")
+            return None
+        unbound = [g.name for g in then.generics if g.name not in bindings]
+        if unbound:
+            self._then_mismatch(d, then, f"`{then.name}`'s generic{'s' if len(unbound) > 1 else ''} "
+                                + ", ".join(f"`{n}`" for n in unbound)
+                                + f" cannot be read off `{d.callee}`'s result")
+            return None
+        return _substitute(then.result, bindings)
+
+    def _then_mismatch(self, d: ast.Delegate, then: ast.Function, message: str) -> None:
+        self.errors.append(Diagnostic(codes.DELEGATION_THEN_MISMATCH, message, d.then_span,
+                                      (Note(f"`{then.name}` is declared here", then.name_span),)))
 
     def _bad(self, span: Span, message: str, note: str | None = None) -> None:
         notes = (Note(note, None),) if note else ()
         self.errors.append(Diagnostic(codes.BAD_DELEGATION, message, span, notes))
+
+
+def _bind_generics(generics: list[ast.GenericParam], pattern, given) -> "dict | str":
+    """`pattern`'s generic names matched against the type `given`: name -> node, or why they do not fit."""
+    names = {g.name for g in generics}
+    if not isinstance(pattern, ast.TensorTypeNode) or not isinstance(given, ast.TensorTypeNode):
+        return "both must be plain tensor types"
+    if any(isinstance(n, ast.Variadic) for n in (*pattern.dims, *given.dims)):
+        return "a variadic shape cannot be matched here"
+    if len(pattern.dims) != len(given.dims):
+        return f"it has {len(given.dims)} dims, the input {len(pattern.dims)}"
+    bindings: dict = {}
+    pairs = [*zip(pattern.dims, given.dims), (pattern.dtype, given.dtype)]
+    for want, got in pairs:
+        if isinstance(want, (ast.DimName, ast.NamedTypeNode)) and want.name in names:
+            if want.name in bindings and _text(bindings[want.name]) != _text(got):
+                return f"`{want.name}` would be both `{_text(bindings[want.name])}` and `{_text(got)}`"
+            bindings[want.name] = got
+    return bindings
+
+
+def _text(node) -> str:
+    """A signature node as comparable text, without its spans."""
+    if isinstance(node, (ast.DimName, ast.NamedTypeNode)):
+        return node.name
+    if dataclasses.is_dataclass(node) and not isinstance(node, Span):
+        inner = ", ".join(_text(getattr(node, f.name)) for f in dataclasses.fields(node) if f.name != "span")
+        return f"{type(node).__name__}({inner})"
+    return repr(node)
 
 
 def _substitute(node, mapping: dict):

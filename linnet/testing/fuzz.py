@@ -80,7 +80,7 @@ MEMBERS = ["gelu_erf", "gelu_tanh", "relu", "silu", "gelu", "Activation"]
 KEYWORDS = ["fn", "entry", "block", "sub", "param", "let", "var", "return", "static", "for", "in", "if", "else",
             "some", "none", "where", "use", "module", "pub", "const", "broadcasts", "to", "zeros", "ones",
             "Tensor", "Option", "cast", "reshape", "permute", "take", "matmul", "softmax", "sum", "mean",
-            "collect"]
+            "collect", "then"]
 # Names that must never reach generated code unchanged (Python keywords, builtins, imports).
 HOSTILE_NAMES = ["class", "lambda", "print", "torch", "F", "nn", "jnp", "jax", "params", "self", "np", "import",
                  "def", "None", "True", "__import__", "exec", "eval", "os", "sys", "_dims", "_linnet", "lax",
@@ -89,7 +89,7 @@ SNIPPETS = ["fn ", "entry ", "block ", "sub ", "param ", "let ", "var ", "return
             "some(", "none", "where ", "<", ">", "(", ")", "{", "}", "[", "]", ",", ";", ":", "*", "/", "%",
             "-", "+", "=", "== ", "Tensor[", "Option[", "0", "-1", "1.5", "1e-3", "$", "use ", "module ", "pub ",
             "const ", "::", ".", "f32 ", "i32 ", "Dim", "Float", "Shape", "*S", "\n", "// c\n", "\t", "\u00e9",
-            "broadcasts to ", "= zeros", "= ones", "..", "[:, 0]", "[0:1]", "[-1]", "cast<f32>(", "\r\n", "\r",
+            "broadcasts to ", " then ", "= zeros", "= ones", "..", "[:, 0]", "[0:1]", "[-1]", "cast<f32>(", "\r\n", "\r",
             "\x00", "\ufeff", "//", "/*", "\"", "'", "\\", "#", "`"]
 INTERESTING_INTS = ["0", "1", "2", "3", "7", "16", "-1", "255", "4096", "2147483647", "2147483648",
                     "9223372036854775807", "9223372036854775808", "100000000000000000000000000000",
