@@ -427,6 +427,15 @@ BAD_TOKENIZER_INPUT: Final = _register("E1204", "bad-tokenizer-input", "tokenize
 TASK_UNAVAILABLE: Final = _register("E1301", "task-unavailable", "cli",
     "`linnet run --task T`: the model lacks the entry that task needs (`mlm`, `embed`, `logits`, "
     "`pool`, an `[image]` table for classify-image, `prefill`/`decode`/`next_logits` for generate), or fill-mask was asked with no `[MASK]` in any text")
+EMBED_BAD_INPUT: Final = _register("E1302", "embed-bad-input", "cli",
+    "`linnet embed` / `nest.bulk`: the input is not a .txt, .jsonl or .parquet file, a line is not a "
+    "JSON object, the text column is missing, or a text is not a string")
+EMBED_OUTPUT_MISMATCH: Final = _register("E1303", "embed-output-mismatch", "cli",
+    "`linnet embed`: the output folder holds shards of another job (another input file, model or "
+    "setting), or files that are not shards, so resuming into it would mix two embeddings")
+MISSING_EXTRA: Final = _register("E1304", "missing-extra", "cli",
+    "a feature needs an optional extra that is not installed (`linnet[ray]`: Ray Data, and pyarrow "
+    "for Parquet shards); the message says what to install")
 
 
 # -- images: an image model's preprocessing and labels (nest/images.py)

@@ -210,6 +210,27 @@ def cmd_run(args, parser) -> int:
     return EXIT_OK
 
 
+def cmd_embed(args, parser) -> int:
+    """Embed a corpus file into resumable Parquet shards (see linnet/nest/bulk.py)."""
+    from ..nest.bulk import embed_file
+
+    for flag, value in (("--batch-size", args.batch_size), ("--shard-rows", args.shard_rows),
+                        ("--concurrency", args.concurrency), ("--threads", args.threads or 1)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1")
+    if not args.ray and args.concurrency != 1:
+        parser.error("--concurrency needs --ray (locally the model runs in this process)")
+    load_options = {k: v for k, v in (("weights", args.weights), ("revision", args.revision)) if v}
+    report = embed_file(args.name, args.input, args.output, backend=args.backend, text_column=args.text_column,
+                        shard_rows=args.shard_rows, batch_size=args.batch_size,
+                        progress=False if args.no_progress else None, use_ray=args.ray,
+                        concurrency=args.concurrency, threads=args.threads, load_options=load_options,
+                        normalize_embeddings=args.normalize, prompt_name=args.prompt_name,
+                        max_length=args.max_length)
+    print(report)
+    return EXIT_OK
+
+
 def cmd_convert_tf(args, parser) -> int:
     """A google-research/bert TensorFlow checkpoint as model.safetensors + config.json."""
     from pathlib import Path
@@ -296,6 +317,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
     run.add_argument("--revision", help="another revision of the weights repo")
     run.set_defaults(handler=cmd_run)
+    embed = sub.add_parser("embed", help="embed a corpus (.txt, .jsonl, .parquet) into resumable Parquet shards, "
+                                         "here or on Ray Data (--ray)")
+    embed.add_argument("name", metavar="NAME", help="zoo entry (name or folder) or hf:org/repo")
+    embed.add_argument("input", metavar="INPUT", help="a .txt (one text per line), .jsonl or .parquet file")
+    embed.add_argument("-o", "--output", required=True, metavar="FOLDER",
+                       help="the shard folder; a rerun of the same job embeds only the shards not there")
+    embed.add_argument("--backend", choices=available(), default="torch")
+    embed.add_argument("--text-column", default="text", metavar="NAME", help="the field holding the text (default text)")
+    embed.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per encode batch (default 32)")
+    embed.add_argument("--shard-rows", type=int, default=10_000, metavar="N",
+                       help="input rows per output shard, the unit a rerun redoes (default 10000)")
+    embed.add_argument("--normalize", action="store_true", help="scale each vector to unit length")
+    embed.add_argument("--prompt-name", metavar="NAME", help="a prompt of the model's put before each text")
+    embed.add_argument("--max-length", type=int, metavar="N", help="tokens per text (default: the model's)")
+    embed.add_argument("--ray", action="store_true",
+                       help="run on Ray Data actors: the cluster RAY_ADDRESS names, else a local one")
+    embed.add_argument("--concurrency", type=int, default=1, metavar="N", help="Ray actors (with --ray; default 1)")
+    embed.add_argument("--threads", type=int, metavar="N", help="torch threads per actor (or in this process)")
+    embed.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    embed.add_argument("--revision", help="another revision of the weights repo")
+    embed.add_argument("--no-progress", action="store_true", help="no progress bar")
+    embed.set_defaults(handler=cmd_embed)
     tf = sub.add_parser("convert-tf", help="convert a google-research/bert TensorFlow checkpoint to safetensors "
                                            "in transformers' key layout")
     tf.add_argument("prefix", metavar="CKPT_PREFIX", help="the checkpoint's files without their suffix, "
