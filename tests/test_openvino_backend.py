@@ -169,6 +169,21 @@ def test_a_bf16_hint_on_an_f32_model_runs_bf16_and_says_so(minilm_checkpoint, mi
     assert 1e-4 < diff <= 2 ** -8 * 4 * scale
 
 
+def test_a_compiled_model_at_another_precision_is_refused(monkeypatch, minilm_checkpoint):
+    # The config without the hint: OpenVINO's own default, bf16 on a CPU with AVX512_BF16/AMX.
+    from linnet.backends import openvino_runtime
+
+    monkeypatch.setattr(openvino_runtime, "compile_config",
+                        lambda precision, threads, streams: {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": streams})
+    if not _cpu_has("BF16"):  # the default is f32 here, so the f32 model runs as asked
+        assert nest.load("all-minilm-l6-v2", backend="openvino").runtime.precision == "f32"
+        return
+    with pytest.raises(LinnetError) as caught:
+        nest.load("all-minilm-l6-v2", backend="openvino")
+    assert caught.value.code == "E0834"
+    assert "compiled model.forward.onnx to run at bf16, not at the f32 asked for" in str(caught.value)
+
+
 @pytest.mark.parametrize("dtype, roundoff", [("bf16", 2 ** -8), ("f16", 2 ** -11)])
 def test_low_precision_models_run_close_to_f32(minilm_checkpoint, minilm_ort, dtype, roundoff):
     import ml_dtypes

@@ -8,7 +8,7 @@ the packed token count) dynamic, and compiles it for the CPU on the entry's firs
 root entry compiles at load, so a graph OpenVINO cannot take fails there.
 
 Precision is never OpenVINO's to choose.  Its CPU plugin runs an f32 model in bf16 by default
-on a CPU with AVX512_BF16 or AMX (this project's Zen 4 among them: `INFERENCE_PRECISION_HINT`
+on a CPU with AVX512_BF16 or AMX (this project's AMD EPYC among them: `INFERENCE_PRECISION_HINT`
 reads `bf16` on a fresh `Core()`), which moves MiniLM's hidden state by ~1e-2, so every
 compile sets the hint (`precision_hint`, default: the model's float dtype, f32 for an f32
 model) and reads it back from the compiled model: a compiled model that does not run at the
@@ -36,7 +36,8 @@ from .onnx_runtime import (BUILD_NEEDS_WEIGHTS, _float_dtype, bf16_compute_for, 
 
 #: `precision_hint=`: OpenVINO's inference precisions Linnet lets it run, by Linnet dtype name.
 PRECISIONS = ("f32", "bf16", "f16")
-#: Linnet's name -> the name OpenVINO's `INFERENCE_PRECISION_HINT` takes and reads back.
+#: Linnet's name -> the word OpenVINO's `INFERENCE_PRECISION_HINT` takes (and `openvino.Type.<word>`
+#: is what a compiled model reads back).
 _HINT = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 #: Linnet's name -> what the CPU plugin lists in OPTIMIZATION_CAPABILITIES when it has it.
 _CAPABILITY = {"f32": "FP32", "bf16": "BF16", "f16": "FP16"}
@@ -61,11 +62,10 @@ def compile_config(precision: str, threads: int, num_streams: int) -> dict:
 
 
 def hint_of(compiled) -> str:
-    """The compiled model's inference precision, as Linnet names it ("f32", "bf16", ...)."""
+    """The compiled model's inference precision, as Linnet names it ("f32", "bf16", "f16"; any
+    other element type by OpenVINO's own name, which then matches no precision asked for)."""
     value = compiled.get_property("INFERENCE_PRECISION_HINT")
-    name = getattr(value, "type_name", None) or str(value)
-    return {"float32": "f32", "f32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16",
-            "float16": "f16"}.get(str(name).lower(), str(name))
+    return next((name for name in PRECISIONS if value == getattr(openvino.Type, name)), str(value))
 
 
 class OpenVinoRuntime:
@@ -103,7 +103,7 @@ class OpenVinoRuntime:
                     if ran != self.precision:
                         raise LinnetError(Diagnostic(codes.OPENVINO_PRECISION, (
                             f"OpenVINO compiled {entry_file(entry)} to run at {ran}, not at the {self.precision} "
-                            f"asked for (INFERENCE_PRECISION_HINT={self.config['INFERENCE_PRECISION_HINT']}); "
+                            f"asked for (INFERENCE_PRECISION_HINT={self.config.get('INFERENCE_PRECISION_HINT')}); "
                             "Linnet runs no model at a precision other than the one asked for")))
                     self.compiled[entry] = compiled
         return compiled
