@@ -147,6 +147,9 @@ def test_every_compiled_model_reads_back_f32(minilm_ov):
     assert {"forward", "pool", "embed"} <= set(minilm_ov.runtime.compiled)
     for entry, compiled in minilm_ov.runtime.compiled.items():
         assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32, entry
+        # One compiled model per entry serves every B and S: its token inputs stay [?, ?].
+        tokens_port = next(p for p in compiled.inputs if p.get_any_name() == "tokens")
+        assert tokens_port.get_partial_shape().is_dynamic and tokens_port.get_partial_shape().rank.get_length() == 2
     # What OpenVINO would have run without the hint, on this CPU (bf16 where it has AVX512_BF16).
     print(f"OpenVINO's own CPU default: {ov.Core().get_property('CPU', 'INFERENCE_PRECISION_HINT')}")
 
