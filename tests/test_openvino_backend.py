@@ -251,3 +251,22 @@ def test_streams_and_threads_reach_the_compiled_model_and_threads_share_it(minil
         w.join()
     for i, (tokens, token_types) in enumerate(inputs):
         assert np.abs(results[i] - minilm_ort(tokens, token_types)).max() <= 1e-5, i
+
+
+def test_linnet_build_backend_openvino_writes_a_model_openvino_compiles(minilm_checkpoint, minilm_ort, tmp_path):
+    import openvino as ov
+
+    from linnet.cli import main
+
+    assert main(["build", "all-minilm-l6-v2", "--backend", "openvino", "-o", str(tmp_path)]) == 0
+    assert (tmp_path / "model.onnx").is_file()
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(tmp_path / "model.onnx")), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32"})
+    tokens, token_types = random_inputs(2, 21, seed=9)
+    feeds = {"tokens": tokens.astype(np.int32), "token_types": token_types.astype(np.int32),
+             "attention_mask": np.ones_like(tokens, dtype=np.int32)}
+    hidden = compiled(feeds)[compiled.output("hidden")]
+    # `linnet build` writes the unoptimised program (the checkpoint's own params), so this
+    # compares two different graphs of one model: ORT's packed one and this file in OpenVINO.
+    assert np.abs(hidden - minilm_ort(tokens, token_types)).max() <= 1e-5
