@@ -52,6 +52,8 @@ class Option:
 KERNEL_CHOICES = ("auto", "default")
 #: torch's `mode=`.
 TORCH_MODES = ("eager", "compile", "cudagraphs")
+#: openvino's `precision_hint=`: the inference precisions Linnet lets OpenVINO run, by Linnet dtype name.
+OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
 
 
 def _kernels(what: str, bad_value=codes.UNKNOWN_BACKEND_OPTION) -> Option:
@@ -137,7 +139,7 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
             packing=True, extra="openvino", options=(
                 Option("precision_hint", (str,), None, "OpenVINO's INFERENCE_PRECISION_HINT, always set and read back "
                        "from the compiled model (default: the model's dtype where the CPU has its arithmetic, else "
-                       "'f32'; never OpenVINO's own bf16 default for an f32 model)", ("f32", "bf16", "f16")),
+                       "'f32'; never OpenVINO's own bf16 default for an f32 model)", OPENVINO_PRECISIONS),
                 Option("num_streams", (int,), 1, "OpenVINO CPU streams (NUM_STREAMS): infer requests that run at "
                        "once, for calls from several threads; 1 gives one call every thread"),
                 Option("threads", (int,), None, "OpenVINO's INFERENCE_NUM_THREADS (default: one per physical "

@@ -30,12 +30,10 @@ import openvino  # noqa: F401
 
 from .. import codes, dtypes
 from ..diagnostics import Diagnostic, LinnetError
-from . import LoadContext
+from . import OPENVINO_PRECISIONS as PRECISIONS, LoadContext
 from .onnx_runtime import (BUILD_NEEDS_WEIGHTS, _float_dtype, bf16_compute_for, build, entry_file,  # noqa: F401
                            export_folder, graph_io, physical_cores)
 
-#: `precision_hint=`: OpenVINO's inference precisions Linnet lets it run, by Linnet dtype name.
-PRECISIONS = ("f32", "bf16", "f16")
 #: Linnet's name -> the word OpenVINO's `INFERENCE_PRECISION_HINT` takes (and `openvino.Type.<word>`
 #: is what a compiled model reads back).
 _HINT = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
@@ -55,8 +53,8 @@ def default_precision(dtype: str, caps: tuple[str, ...]) -> str:
 
 
 def compile_config(precision: str, threads: int, num_streams: int) -> dict:
-    """What `compile_model(model, "CPU", config)` is given: every setting that changes a result
-    or a timing, explicitly, none left to OpenVINO's defaults."""
+    """What `compile_model(model, "CPU", config)` is given: the precision (the one setting that
+    changes results), threads and streams, always explicit; the rest are OpenVINO's defaults."""
     return {"INFERENCE_PRECISION_HINT": _HINT[precision], "INFERENCE_NUM_THREADS": int(threads),
             "NUM_STREAMS": int(num_streams)}
 
