@@ -241,6 +241,75 @@ class OnnxReference(Method):
         return self.session.run(["last_hidden_state"], prepared)[0]
 
 
+def reference_encode(method: Method, texts: list[str], hidden) -> np.ndarray:
+    """sentence-transformers' encode around a reference's own graph (`hidden(feeds)`: the last
+    hidden state): texts sorted longest first, batches of the workload's corpus_batch cut at its
+    corpus_max_length by the checkpoint's tokenizer, mean pooling over the real tokens, L2
+    normalisation (the pipeline of all-MiniLM-L6-v2, and what a plain BERT folder gets)."""
+    wl = method.ctx.workload
+    tokenizer = getattr(method, "_tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = method._tokenizer = AutoTokenizer.from_pretrained(str(method.ctx.weights.snapshot()))
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    parts = []
+    for start in range(0, len(order), wl.corpus_batch):
+        batch = [texts[i] for i in order[start:start + wl.corpus_batch]]
+        enc = tokenizer(batch, padding=True, truncation=True, max_length=wl.corpus_max_length, return_tensors="np")
+        feeds = {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64),
+                 "token_type_ids": enc["token_type_ids"].astype(np.int64)}
+        last = np.asarray(hidden(feeds), dtype=np.float32)
+        mask = enc["attention_mask"][:, :, None].astype(np.float32)
+        mean = (last * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+        parts.append(mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12))
+    result = np.empty((len(texts), parts[0].shape[1] if parts else 0), np.float32)
+    result[order] = np.concatenate(parts) if parts else result
+    return result
+
+
+class OpenVinoReference(OnnxReference):
+    """transformers -> torch.onnx (the onnx-reference file) -> OpenVINO's CPU plugin, the f32
+    inference precision hint set and read back (its default on a CPU with AVX512_BF16 is bf16).
+    Also runs the corpus: sentence-transformers' pipeline around the graph (`reference_encode`)."""
+
+    key, name, kind = "openvino-reference", "transformers -> torch.onnx -> OpenVINO (f32 hint)", "reference"
+    devices = ("cpu",)
+    workloads = ("fixed", "varlen", "corpus")
+    #: The compile config; None: OpenVINO's own defaults (the default-precision anchor).
+    config: dict | None = {"INFERENCE_PRECISION_HINT": "f32"}
+
+    def load(self) -> float:
+        import openvino as ov
+
+        started = time.perf_counter()
+        core = ov.Core()
+        self.compiled = core.compile_model(core.read_model(str(self._path())), "CPU", dict(self.config or {}))
+        self.request = self.compiled.create_infer_request()
+        seconds = time.perf_counter() - started
+        self.notes.append(f"openvino {ov.__version__}; compile config {self.config or 'OpenVINO defaults'}; "
+                          f"INFERENCE_PRECISION_HINT read back: {self.compiled.get_property('INFERENCE_PRECISION_HINT')}, "
+                          f"NUM_STREAMS {self.compiled.get_property('NUM_STREAMS')}, "
+                          f"INFERENCE_NUM_THREADS {self.compiled.get_property('INFERENCE_NUM_THREADS')}; "
+                          "load_s: read_model + compile_model of the exported file (the export is build_s)")
+        return seconds
+
+    def run(self, prepared):
+        self.request.infer(prepared)
+        return self.request.get_output_tensor(0).data.copy()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return reference_encode(self, texts, self.run)
+
+
+class OpenVinoReferenceDefault(OpenVinoReference):
+    """The same, compiled with OpenVINO's defaults: what a user of OpenVINO gets when asking for
+    nothing (bf16 arithmetic on a CPU with AVX512_BF16 or AMX)."""
+
+    key, name = "openvino-reference-default", "transformers -> torch.onnx -> OpenVINO (its default precision)"
+    config = None
+
+
 class SentenceTransformers(Method):
     """The corpus workload's anchor: sentence-transformers' `encode` on the same files.
 
@@ -388,6 +457,27 @@ class LinnetOnnx(LinnetMethod):
         return np.asarray(output, dtype=np.float32)
 
 
+class LinnetOpenVino(LinnetMethod):
+    """`nest.load(backend="openvino")`: the ONNX export compiled by OpenVINO (CPU only)."""
+
+    devices = ("cpu",)
+
+    def _device_args(self) -> dict:
+        return {}
+
+    def load(self) -> float:
+        seconds = super().load()
+        compiled = self.model.runtime.compiled["forward"]
+        self.notes.append(f"{self.dtype}; INFERENCE_PRECISION_HINT read back: "
+                          f"{compiled.get_property('INFERENCE_PRECISION_HINT')}, NUM_STREAMS "
+                          f"{compiled.get_property('NUM_STREAMS')}, INFERENCE_NUM_THREADS "
+                          f"{compiled.get_property('INFERENCE_NUM_THREADS')}")
+        return seconds
+
+    def hidden(self, output) -> np.ndarray:
+        return np.asarray(output, dtype=np.float32)
+
+
 _TRT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
 
@@ -431,9 +521,15 @@ MODES: dict[tuple[str, str], Mode] = {
                                       encodes=False),
     # TensorRT builds an engine per new shape profile (minutes each): no corpus.
     ("onnx", "trt"): Mode("-trt", "TensorRT", encodes=False, cuda_only=True, providers=_TRT),
+    ("openvino", "default"): Mode("", ""),
+    # The f32 model with bf16 arithmetic: what OpenVINO's own default would run, asked for by name.
+    ("openvino", "bf16-hint"): Mode("-bf16-hint", "precision_hint='bf16'", (("precision_hint", "bf16"),),
+                                    "precision_hint='bf16': bf16 products in an f32 model (not exact: compare "
+                                    "max_abs_diff)"),
 }
 _FAMILY = {"torch": (LinnetTorch, "Linnet torch"), "jax": (LinnetJax, "Linnet JAX"),
-           "stablehlo": (LinnetJax, "Linnet JAX"), "onnx": (LinnetOnnx, "Linnet ONNX")}
+           "stablehlo": (LinnetJax, "Linnet JAX"), "onnx": (LinnetOnnx, "Linnet ONNX"),
+           "openvino": (LinnetOpenVino, "Linnet ONNX")}
 
 
 def linnet_method(backend: str, dtype: str, mode: str) -> type[LinnetMethod]:
@@ -441,14 +537,16 @@ def linnet_method(backend: str, dtype: str, mode: str) -> type[LinnetMethod]:
     but f32 runs on CUDA only (the CPU has no fast bf16/f16 path the bench compares)."""
     spec = MODES[(backend, mode)]
     family, title = _FAMILY[backend]
-    if backend == "onnx":
-        key = f"linnet-onnx-{dtype}{spec.key}"
-        name = f"{title} {dtype} -> ONNX Runtime" + (f" ({spec.label})" if spec.label else "")
+    if backend in ("onnx", "openvino"):
+        runtime = "ONNX Runtime" if backend == "onnx" else "OpenVINO"
+        key = f"linnet-{backend}-{dtype}{spec.key}"
+        name = f"{title} {dtype} -> {runtime}" + (f" ({spec.label})" if spec.label else "")
     else:
         key = spec.key if dtype == "f32" else f"{spec.key}-{dtype}"
         name = f"{title} ({spec.label})" if dtype == "f32" else f"{title} ({spec.label}, {dtype})"
     attrs = {"key": key, "name": name, "backend": backend, "dtype": dtype, "options": dict(spec.options),
-             "encodes": spec.encodes, "devices": ("cuda",) if spec.cuda_only or dtype != "f32" else ("cpu", "cuda"),
+             "encodes": spec.encodes,
+             "devices": ("cuda",) if spec.cuda_only or dtype != "f32" else family.devices,
              "mode": mode, "__doc__": f"{name}: generated from ({backend!r}, {dtype!r}, {mode!r})."}
     if spec.providers is not None:
         attrs["providers"] = spec.providers
@@ -472,7 +570,7 @@ def _noting(family: type[LinnetMethod], note: str):
 LINNET_F32 = [("torch", "f32", "eager"), ("torch", "f32", "packed"), ("torch", "f32", "compile"),
               ("torch", "f32", "cudagraphs"), ("stablehlo", "f32", "export"), ("jax", "f32", "source"),
               ("stablehlo", "f32", "default-options"), ("onnx", "f32", "default"), ("onnx", "f32", "padded"),
-              ("onnx", "f32", "default-session")]
+              ("onnx", "f32", "default-session"), ("openvino", "f32", "default"), ("openvino", "f32", "bf16-hint")]
 LINNET_CUDA = [("torch", "bf16", "eager"), ("torch", "bf16", "compile"), ("torch", "bf16", "cudagraphs"),
                ("stablehlo", "bf16", "export"), ("jax", "bf16", "source"), ("onnx", "f16", "default"),
                ("onnx", "bf16", "default"), ("onnx", "f32", "trt"), ("onnx", "f16", "trt")]
@@ -688,7 +786,8 @@ def _tree_peak_rss_kib(pid: int) -> int:
 # --------------------------------------------------------------------------- registry
 
 #: Every method, in the order a round runs them (the reference first).
-ALL = [TransformersEager, TransformersCompile, OnnxReference, SentenceTransformers,
+ALL = [TransformersEager, TransformersCompile, OnnxReference, OpenVinoReference, OpenVinoReferenceDefault,
+       SentenceTransformers,
        *(linnet_method(*m) for m in LINNET_F32),
        TritonOnnx, TritonLinnetOnnx, TritonLinnetPython,
        # CUDA only

@@ -133,6 +133,17 @@ def load_average() -> list[float] | None:
         return None
 
 
+def _cpu_isa() -> list[str]:
+    """The CPU's AVX-512 / AMX flags that matter for reduced-precision kernels (Linux)."""
+    wanted = ("avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in wanted if f in flags]
+
+
 def environment(device: str) -> dict:
     import torch
 
@@ -150,6 +161,9 @@ def environment(device: str) -> dict:
         "transformers": _version("transformers"),
         "onnxruntime": _version("onnxruntime") or _version("onnxruntime-gpu"),
         "onnx": _version("onnx"),
+        "openvino": _version("openvino"),
+        # What decides bf16 and int8 speed (and OpenVINO's default precision) on this CPU.
+        "cpu_isa": _cpu_isa(),
         "linnet": _version("linnet"),
         "load_average_at_start": load_average(),
     }

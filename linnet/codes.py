@@ -258,7 +258,8 @@ ALIAS_AND_NAME: Final = _register("E0704", "alias-and-name", "runtime",
 
 # -- backend: nest.load's options and the backends' own limits (backends/, nest/__init__.py)
 BAD_DEVICE: Final = _register("E0801", "bad-device", "backend",
-    "torch, JAX or StableHLO backend: an unknown device, or CUDA/GPU asked for but not available")
+    "torch, JAX, StableHLO or OpenVINO backend: an unknown device, or CUDA/GPU asked for but not available "
+    "(OpenVINO: any device but the CPU)")
 BAD_TORCH_MODE: Final = _register("E0802", "bad-torch-mode", "backend",
     "torch backend: an unknown `mode` or `kernels`, or `cudagraphs` without CUDA")
 UNKNOWN_BACKEND: Final = _register("E0804", "unknown-backend", "backend", "`nest.load`: an unknown backend")
@@ -269,7 +270,8 @@ NO_FLOAT_GENERIC: Final = _register("E0806", "no-float-generic", "backend",
 UNKNOWN_BACKEND_OPTION: Final = _register("E0807", "unknown-backend-option", "backend",
     '`nest.load`: an option the chosen backend does not take (e.g. `mode=` with `backend="onnx"`)')
 MISSING_PACKAGE: Final = _register("E0808", "missing-package", "backend",
-    "the chosen backend needs a Python package that is not installed")
+    "the chosen backend needs a Python package that is not installed (the message names the `linnet[...]` "
+    "extra that installs it)")
 BAD_BACKEND_OPTION_TYPE: Final = _register("E0809", "bad-backend-option-type", "backend",
     "`nest.load`: a backend option of the wrong type (e.g. `share_weights=\"yes\"`); the message names the type")
 STABLEHLO_REFUSED_INPUTS: Final = _register("E0820", "stablehlo-refused-inputs", "backend",
@@ -287,6 +289,9 @@ ONNX_BAD_DEVICE: Final = _register("E0832", "onnx-bad-device", "backend",
     "and `providers=`")
 BUILD_DTYPE_MISMATCH: Final = _register("E0833", "build-dtype-mismatch", "backend",
     "`build(dtype=...)` disagrees with the dtype the program was prepared with")
+OPENVINO_PRECISION: Final = _register("E0834", "openvino-precision", "backend",
+    "the openvino backend: a `precision_hint` the CPU has no arithmetic for, or a compiled model that "
+    "reads back another inference precision than the one asked for")
 
 # -- triton: writing a Triton model repository (serving/triton.py)
 TRITON_BAD_OPTION: Final = _register("E0840", "triton-bad-option", "triton",

@@ -26,7 +26,7 @@ from linnet import nest
 from linnet.backends import RECORDS
 from test_heads import TINY_CONFIG, _right_padded, write_tiny_entry
 
-BACKENDS = ["torch", "onnx", "jax", "stablehlo"]
+BACKENDS = ["torch", "onnx", "jax", "stablehlo", "openvino"]
 BOUND = 1e-5
 LAYERS = TINY_CONFIG["num_hidden_layers"]
 

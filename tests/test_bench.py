@@ -314,7 +314,7 @@ def test_the_generated_linnet_methods_keep_their_keys_and_pass_their_backend_opt
     assert [m.key for m in linnet] == [
         "linnet-torch", "linnet-torch-packed", "linnet-inductor", "linnet-cudagraphs", "linnet-jax",
         "linnet-jax-source", "linnet-jax-default-options", "linnet-onnx-f32", "linnet-onnx-f32-padded",
-        "linnet-onnx-f32-default-session", "linnet-torch-bf16", "linnet-inductor-bf16", "linnet-cudagraphs-bf16",
+        "linnet-onnx-f32-default-session", "linnet-openvino-f32", "linnet-openvino-f32-bf16-hint", "linnet-torch-bf16", "linnet-inductor-bf16", "linnet-cudagraphs-bf16",
         "linnet-jax-bf16", "linnet-jax-source-bf16", "linnet-onnx-f16", "linnet-onnx-bf16", "linnet-onnx-f32-trt",
         "linnet-onnx-f16-trt"]
     assert len({m.name for m in ALL}) == len(ALL)

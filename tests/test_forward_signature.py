@@ -20,7 +20,7 @@ from fixtures.parity import max_diff
 from linnet import nest
 from test_heads import TINY_CONFIG, _right_padded, save_transformers_model, write_tiny_entry
 
-BACKENDS = ["torch", "onnx", "jax", "stablehlo"]
+BACKENDS = ["torch", "onnx", "jax", "stablehlo", "openvino"]
 BOUND = 1e-5
 LAYERS, HEADS, WIDTH = TINY_CONFIG["num_hidden_layers"], TINY_CONFIG["num_attention_heads"], TINY_CONFIG["hidden_size"]
 

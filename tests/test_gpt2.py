@@ -26,7 +26,7 @@ from linnet.nest.manifest import load_manifest
 from linnet.nest.weights import entry_bindings, read_index, verify_bindings
 
 REPO = Path(__file__).resolve().parent.parent
-BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
+BACKENDS = ["torch", "jax", "stablehlo", "onnx", "openvino"]
 #: f32 parity bound (the issue's 1e-5).
 BOUND = 1e-5
 

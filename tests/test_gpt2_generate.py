@@ -24,7 +24,7 @@ from fixtures.gpt2 import TINY, save_gpt2, write_tiny_entry
 from linnet import nest
 from linnet.backends.onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, past_names, present_names
 
-BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
+BACKENDS = ["torch", "jax", "stablehlo", "onnx", "openvino"]
 BOUND = 1e-5
 EOS = TINY["eos_token_id"]
 LAYERS, HEADS, DH = TINY["n_layer"], TINY["n_head"], TINY["n_embd"] // TINY["n_head"]

@@ -41,7 +41,7 @@ def _np(x):
     return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
-BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
+BACKENDS = ["torch", "jax", "stablehlo", "onnx", "openvino"]
 
 
 @pytest.fixture(scope="module")

@@ -409,7 +409,7 @@ def test_each_backend_record_names_registered_passes_in_an_order_they_allow():
     from linnet.backends import RECORDS
     from linnet.middle.optimize import REGISTRY
 
-    assert set(RECORDS) == {"torch", "jax", "stablehlo", "onnx"}
+    assert set(RECORDS) == {"torch", "jax", "stablehlo", "onnx", "openvino"}
     for name, record in RECORDS.items():
         assert set(record.passes) <= set(REGISTRY), name
         for i, p in enumerate(record.passes):

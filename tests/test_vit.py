@@ -20,7 +20,7 @@ from fixtures.vit_checkpoints import VIT_BASE_PARAMS, write_small_vit_repo, writ
 from linnet import nest
 from linnet.diagnostics import LinnetError
 
-BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
+BACKENDS = ["torch", "jax", "stablehlo", "onnx", "openvino"]
 TOLERANCE = 1e-5
 
 

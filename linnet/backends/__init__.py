@@ -52,6 +52,8 @@ class Option:
 KERNEL_CHOICES = ("auto", "default")
 #: torch's `mode=`.
 TORCH_MODES = ("eager", "compile", "cudagraphs")
+#: openvino's `precision_hint=`: the inference precisions Linnet lets OpenVINO run, by Linnet dtype name.
+OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
 
 
 def _kernels(what: str, bad_value=codes.UNKNOWN_BACKEND_OPTION) -> Option:
@@ -73,6 +75,8 @@ class Backend:
     passes: tuple[str, ...]
     packing: bool = False
     options: tuple[Option, ...] = ()
+    #: The `pip install 'linnet[<extra>]'` extra holding its Python packages (E0808 names it).
+    extra: str | None = None
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
@@ -102,7 +106,7 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
     # eager torch (the gathers and scatters around each attention cost what the smaller GEMMs
     # save); `packing=True` runs it.
     Backend("torch", "linnet.backends.torch_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows"),
-            packing=True, options=(
+            packing=True, extra="torch", options=(
                 Option("mode", (str,), "eager", '"eager" runs the generated module as it is; "compile" through '
                        'torch.compile (inductor); "cudagraphs" captures CUDA graphs (needs device="cuda")',
                        TORCH_MODES, codes.BAD_TORCH_MODE),
@@ -111,25 +115,35 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
     # `pack_tokens` among them: measured faster on padded batches and no slower without padding
     # (docs/backends.md, "Padding-free execution"); the token count is bucketed.
     Backend("jax", "linnet.backends.jax_runtime", ("fuse_linears", "fold_attention_scale", "dead_rows", "pack_tokens"),
-            packing=True, options=(_kernels("XLA:CPU compiler options (never one XLA_FLAGS sets)"),)),
+            packing=True, extra="jax", options=(_kernels("XLA:CPU compiler options (never one XLA_FLAGS sets)"),)),
     # `pack_tokens` only.  The exported artifact is a deliverable of its own, and its
     # signature.json maps each param to its checkpoint key, so its params must be exactly the
     # checkpoint's (unfused, unscaled); packing leaves the params alone.  Packed by default, as on
     # the jax backend (the same XLA program): one export with a symbolic token count, bucketed per call.
-    Backend("stablehlo", "linnet.backends.stablehlo_runtime", ("pack_tokens",), packing=True,
+    Backend("stablehlo", "linnet.backends.stablehlo_runtime", ("pack_tokens",), packing=True, extra="jax",
             options=(_kernels("XLA:CPU compiler options (never one XLA_FLAGS sets)"),)),
     # Not `fuse_linears`: ONNX Runtime prepacks every constant MatMul weight, and one [768, 2304]
     # MatMul measured no faster than three [768, 768] ones (bit-identical, within run-to-run noise
     # on bert-base, 2-core CPU), so the graph keeps one node per checkpoint matrix
     # (`layers.3.attention.query.forward/MatMul`), which is what Netron users look for.
     Backend("onnx", "linnet.backends.onnx_runtime", ("fold_attention_scale", "dead_rows", "pack_tokens"),
-            packing=True, options=(
+            packing=True, extra="onnx", options=(
                 Option("providers", (list, tuple, str), None, "ONNX Runtime execution providers, best first: names, or "
                        "(name, options) pairs; one alone may be given bare (default: CUDA where onnxruntime-gpu "
                        "has it, then CPU); not together with device="),
                 _kernels("ONNX Runtime session options (CPU provider)"),
                 Option("share_weights", (bool,), False, "one memory-mapped copy of each weight for all of the "
                        "model's sessions, ORT's weight pre-packing off: less memory, slower MatMuls"))),
+    # The onnx backend's graphs (its passes, so one export serves both), run by OpenVINO.
+    Backend("openvino", "linnet.backends.openvino_runtime", ("fold_attention_scale", "dead_rows", "pack_tokens"),
+            packing=True, extra="openvino", options=(
+                Option("precision_hint", (str,), None, "OpenVINO's INFERENCE_PRECISION_HINT, always set and read back "
+                       "from the compiled model (default: the model's dtype where the CPU has its arithmetic, else "
+                       "'f32'; never OpenVINO's own bf16 default for an f32 model)", OPENVINO_PRECISIONS),
+                Option("num_streams", (int,), 1, "OpenVINO CPU streams (NUM_STREAMS): infer requests that run at "
+                       "once, for calls from several threads; 1 gives one call every thread"),
+                Option("threads", (int,), None, "OpenVINO's INFERENCE_NUM_THREADS (default: one per physical "
+                       "core, as the onnx backend's sessions)"))),
 )}
 #: backend name -> integration module.
 BACKENDS: dict[str, str] = {name: b.module for name, b in RECORDS.items()}
@@ -157,9 +171,11 @@ def integration(backend: str):
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("linnet"):
             raise
+        extra = RECORDS[backend].extra
+        install = f": pip install 'linnet[{extra}]'" if extra else ""
         raise LinnetError(Diagnostic(codes.MISSING_PACKAGE,
                                      f"backend {backend!r} needs the Python package `{exc.name}`, "
-                                     "which is not installed")) from None
+                                     f"which is not installed{install}")) from None
 
 
 def check_options(backend: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -375,24 +375,35 @@ def _run_bf16(session, feeds: dict, output: str) -> np.ndarray:
     return result.view(dtypes.by_name("bf16").numpy_type())
 
 
-def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None,
-                 share_weights: bool | None = None) -> OnnxRuntime:
-    # `providers`, `kernels` and `share_weights` were checked against the record by `nest.load`.
-    chosen = resolve_providers(providers, device)  # before reading any weights
-    dtype = _float_dtype(ctx)
-    # ORT's CPU provider has no bf16 arithmetic kernels: when it is the one that runs the
-    # graph, export the variant that computes each node in f32 between bf16 tensors.
-    bf16_compute = "f32" if dtype == "bf16" and _provider_name(chosen[0]) == "CPUExecutionProvider" else "native"
-    # The exported file holds the weights, so it is cached per checkpoint (and bindings):
-    # another `weights=` file must never reuse a graph built from the first one.
-    options = {"dtype": dtype, "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
+def bf16_compute_for(dtype: str, cpu: bool) -> str:
+    """Which bf16 variant of the export to write: ORT's CPU provider has no bf16 arithmetic
+    kernels, so where it runs the graph, the variant that computes each node in f32 between
+    bf16 tensors ("f32"); else bf16 nodes ("native")."""
+    return "f32" if dtype == "bf16" and cpu else "native"
+
+
+def export_folder(ctx: LoadContext, bf16_compute: str, share_weights: bool = False) -> Path:
+    """The runtime's export (`_write_entry_models`) in the cache, written on first use: one
+    model per entry, all reading one weights file.  Every runtime of these graphs (ONNX
+    Runtime here, OpenVINO in `openvino_runtime`) opens this folder, so loading a model on both
+    exports it once.  The files hold the weights, so the folder is keyed by the checkpoint
+    (and bindings) too: another `weights=` file must never reuse a graph built from the first."""
+    options = {"dtype": _float_dtype(ctx), "bf16_compute": bf16_compute, "weights": ctx.weights_identity}
     if share_weights:  # its own export: tied heads read the shared weight in place (onnx_weights)
         options["params_in_place"] = True
 
     def write(folder: Path) -> None:
-        _write_entry_models(ctx, folder, bf16_compute, params_in_place=bool(share_weights))
+        _write_entry_models(ctx, folder, bf16_compute, params_in_place=share_weights)
 
-    folder = ctx.cached("onnx", "", write, options=options)
+    return ctx.cached("onnx", "", write, options=options)
+
+
+def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None,
+                 share_weights: bool | None = None) -> OnnxRuntime:
+    # `providers`, `kernels` and `share_weights` were checked against the record by `nest.load`.
+    chosen = resolve_providers(providers, device)  # before reading any weights
+    bf16_compute = bf16_compute_for(_float_dtype(ctx), _provider_name(chosen[0]) == "CPUExecutionProvider")
+    folder = export_folder(ctx, bf16_compute, share_weights=bool(share_weights))
     runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto", share_weights=bool(share_weights))
     runtime.bf16_compute = bf16_compute
     return runtime

@@ -562,14 +562,16 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     "hf:owner/name" builds the entry from a Hugging Face BERT repo's config.json and
     checkpoint instead, at `revision` (default "main"); see docs/hf.md.
 
-    backend: "torch", "jax", "stablehlo" or "onnx".  device: e.g. "cpu", "cuda".
+    backend: "torch", "jax", "stablehlo", "onnx" or "openvino" (the onnx backend's graphs run by
+    OpenVINO's CPU plugin).  device: e.g. "cpu", "cuda".
     dtype: the model's float dtype ("f32" default; "bf16"/"f16" on GPU).  revision: another
     revision of the weights repo.  weights: a local .safetensors file or folder instead of
     the manifest's checkpoint.
     backend_options: the keywords the backend's own runtime takes, as its record declares them
     (`linnet.backends.RECORDS`, `Backend.options`: name, type, default, what it does; listed in
     docs/backends.md, "Backend options"): `mode=` and `kernels=` for torch, `providers=`,
-    `kernels=` and `share_weights=` for onnx, `kernels=` for jax and stablehlo.  One the backend
+    `kernels=` and `share_weights=` for onnx, `kernels=` for jax and stablehlo, `precision_hint=`,
+    `num_streams=` and `threads=` for openvino.  One the backend
     does not declare is E0807, a value of another type E0809; None is the same as leaving it out.
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
     attention scale folded into the query weights when that is exact, padding-free execution);
