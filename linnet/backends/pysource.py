@@ -404,7 +404,10 @@ class PyWriter:
                        fills: dict[str, int]) -> list[str]:
         """`if position_ids is None: position_ids = <its default's function>(attention_mask)`, so
         a caller of the generated code may leave the input out, as the Linnet signature says."""
+        if not computed:
+            return []
         types = dict(fn.params)
+        # An input every call passes (entries' dims are read from such inputs), for the device.
         like = next(py_name(n) for n, _ in fn.params if n not in computed and n not in fills)
         lines = []
         for name, t in fn.params:

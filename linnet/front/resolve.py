@@ -425,10 +425,6 @@ def _substitute(node, mapping: dict):
     return node
 
 
-#: The constant fills a parameter may default to (the checker's `PARAM_DEFAULTS` gives their values).
-_FILLS = ("zeros", "ones")
-
-
 def _expand_defaults(errors: list[Diagnostic], modules) -> None:
     """Computed defaults (`position_ids: Tensor[B, S; i32] = positions(attention_mask)`).
 
@@ -465,6 +461,8 @@ def _defaults_of(errors: list[Diagnostic], fn: ast.Function, block: ast.Block | 
                           "(move the defaulted parameters last)", first.span),)))
             continue
         first = first or p
+        if p.default_fn is not None:
+            continue  # expanded already (a tree resolved twice)
         computed = p.default_expr is not None and (p.default is None or p.default in names)
         if not computed:
             continue  # `= zeros` / `= ones`, or an unknown word the checker reports
