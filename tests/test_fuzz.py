@@ -222,7 +222,7 @@ def test_an_unclosed_brace_at_eof_is_located_as_the_parser_counts_lines(workspac
     # the default reading a later parameter, its own, and one of another type
     ("= positions(attention_mask),", "= positions(position_ids),", "E0114"),
     ("position_ids: Tensor[B, S; i32] = positions(attention_mask),",
-     "position_ids: Tensor[B, S; i32] = positions(attention_mask) * 1.5,", "E0307"),
+     "position_ids: Tensor[B, S; i32] = cast<f32>(positions(attention_mask)),", "E0307"),
     ("head_mask: Tensor[Layers, Heads; T] = ones,", "head_mask: Tensor[Layers, Heads; T],", "E0113"),
 ])
 def test_a_broken_computed_default_in_bert_is_a_diagnostic(workspace, targets, old, new, code):
