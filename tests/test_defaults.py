@@ -183,3 +183,21 @@ def test_defaults_must_be_trailing_and_read_only_earlier_parameters(tmp_path):
     assert _error_codes(tmp_path, reordered) == ["E0114"]
     assert _error_codes(tmp_path, SOURCE.replace("= positions(mask)", "= positions(position_ids)")) \
         == ["E0114"]
+
+
+def test_the_trainable_torch_module_computes_a_left_out_default(positioned):
+    """`model.torch_module()` (linnet.nest.training) runs the generated method unoptimised:
+    the left-out input reaches it as None and the method computes it."""
+    import numpy as np
+    import torch
+
+    from linnet import nest
+
+    entry, weights_file, weights = positioned
+    module = nest.load(entry, backend="torch", weights=weights_file).torch_module()
+    x = np.random.default_rng(13).standard_normal((2, 5, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 0, 0, 0], [0, 1, 1, 1, 1]], dtype=np.int32)
+    with torch.no_grad():
+        left_out = module(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+    expected = _reference(x, mask, _positions(mask), np.ones(4, np.float32), weights)
+    np.testing.assert_allclose(left_out, expected, rtol=1e-5, atol=1e-5)
