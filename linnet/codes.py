@@ -113,6 +113,10 @@ DELEGATION_CYCLE: Final = _register("E0111", "delegation-cycle", "resolve",
 DELEGATION_THEN_MISMATCH: Final = _register("E0112", "delegation-then-mismatch", "resolve",
     "`use field.entry then f`: `f` does not take one tensor input, or the entry's result does not fit "
     "that input so `f`'s generics and result cannot be read off it")
+DEFAULT_NOT_TRAILING: Final = _register("E0113", "default-not-trailing", "resolve",
+    "a parameter without a default after one with a default: only trailing parameters may have defaults")
+DEFAULT_LATER_PARAM: Final = _register("E0114", "default-later-param", "resolve",
+    "a computed default (`= positions(mask)`) that reads its own parameter or a later one")
 
 # -- check: types, dims and where clauses (check/, prims.py)
 UNKNOWN_NAME: Final = _register("E0201", "unknown-name", "check", "an unknown name or dim")

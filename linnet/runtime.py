@@ -98,7 +98,8 @@ def _table_name(table: ir.Expr, tables: dict[str, str]) -> str:
 
 def _signature_of(entry: ir.Entry) -> str:
     fills = {0: " = zeros", 1: " = ones"}
-    params = ", ".join(f"{n}: {t}{fills.get(entry.defaults.get(n), '')}" for n, t in entry.inputs)
+    computed = {n: f" = {c.text}" for n, c in entry.computed.items()}
+    params = ", ".join(f"{n}: {t}{fills.get(entry.defaults.get(n), computed.get(n, ''))}" for n, t in entry.inputs)
     return f"{entry.name}({params}) -> {entry.result}"
 
 
@@ -141,7 +142,8 @@ class InputValidator:
 
     def validate(self, values: dict) -> tuple[list[np.ndarray], dict[str, int]]:
         """The inputs `bind` returned, checked and converted: numpy arrays in signature order
-        (left-out ones filled from their defaults), and the dims they bind."""
+        (left-out ones filled from their `= zeros` / `= ones` defaults; None for a left-out one
+        with a computed default, which the backend computes), and the dims they bind."""
         given = [(name, t) for name, t in self.entry.inputs if values.get(name) is not None]
         arrays = {name: to_numpy(values[name], name, self.entry) for name, _ in given}
         dims: dict[str, int] = {}
@@ -155,6 +157,9 @@ class InputValidator:
         converted = []
         for name, t in self.entry.inputs:
             numpy_type = dtypes.by_name(t.dtype).numpy_type()
+            if name not in arrays and name in self.entry.computed:
+                converted.append(None)  # left out: the backend computes it from the inputs before it
+                continue
             if name not in arrays:  # left out: filled as its `= zeros` / `= ones` default says
                 shape = tuple(d.evaluate(dims) for d in t.dims)
                 converted.append(np.full(shape, self.entry.defaults[name], dtype=numpy_type))
@@ -177,7 +182,8 @@ class InputValidator:
             if key in values:
                 raise _input_error(self.entry, f"`{key}` given twice")
             values[key] = value
-        missing = [n for n in names if values.get(n) is None and n not in self.entry.defaults]
+        missing = [n for n in names if values.get(n) is None and n not in self.entry.defaults
+                   and n not in self.entry.computed]
         if missing:
             raise _input_error(self.entry, f"`{self.entry.name}` is missing input {', '.join(f'`{m}`' for m in missing)}")
         return values

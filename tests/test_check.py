@@ -73,8 +73,8 @@ def test_bert_checks_with_every_entry(bert):
     assert bert.target.kind == "entry"
     assert bert.instance.root.block.name == "PreTraining"
     assert list(bert.instance.entries) == ["forward", "hidden_states", "pool", "embed", "forward_positioned",
-                                           "forward_embeds", "forward_head_masked", "attentions", "mlm", "nsp",
-                                           "mlm_loss", "nsp_loss", "pretraining_loss"]
+                                           "forward_embeds", "forward_head_masked", "forward_full", "attentions",
+                                           "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss"]
     assert bert.generics == {"Vocab": 30522, "MaxPositions": 512, "TypeVocab": 2, "D": 768, "Heads": 12,
                              "Inner": 3072, "Layers": 12, "T": "f32"}
     assert bert.check_dims == {"B": 1, "S": 8}

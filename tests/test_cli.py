@@ -84,14 +84,15 @@ def test_sequence_too_long_names_the_precondition():
             ("pool", "Model", "pool"), ("embed", "Model", "embed"),
             ("forward_positioned", "Encoder", "forward_positioned"),
             ("forward_embeds", "Encoder", "forward_embedded"),
-            ("forward_head_masked", "Encoder", "forward_head_masked"), ("attentions", "Encoder", "attentions"),
+            ("forward_head_masked", "Encoder", "forward_head_masked"), ("forward_full", "Encoder", "forward_full"),
+            ("attentions", "Encoder", "attentions"),
             ("mlm", "PreTraining", "mlm"), ("nsp", "PreTraining", "nsp")):
         assert f"entry `{entry}` cannot run" in result.stderr
         assert f"lib.linnet:{clause_of(block, written)}" in result.stderr, entry
     assert "S <= MaxPositions" in result.stderr
     assert "600" in result.stderr and "512" in result.stderr
     assert "--set S=600" in result.stderr
-    assert "13 errors" in result.stderr  # every entry declares it (10, and the 3 losses)
+    assert "14 errors" in result.stderr  # every entry declares it (11, and the 3 losses)
     assert result.stdout == ""
 
 
@@ -131,7 +132,7 @@ def test_json_output_for_errors_has_spans():
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 13  # one per entry, the 3 losses too
+    assert [d["code"] for d in report["diagnostics"]] == ["E0403"] * 14  # one per entry, the 3 losses too
     forward = next(d for d in report["diagnostics"] if d["message"].startswith("entry `forward` "))
     span = forward["span"]
     line, col = map(int, clause_of("Encoder", "forward").split(":"))  # delegated down to Encoder.forward

@@ -162,3 +162,36 @@ def test_head_mask(model, head_masked_reference):
     unmasked = _np(model.forward(tokens, types, attention_mask=mask))
     ones = _np(model.forward_head_masked(tokens, types, mask, np.ones((LAYERS, HEADS), np.float32)))
     assert max_diff(ones[real], unmasked[real]) <= BOUND and max_diff(ours[real], unmasked[real]) > 1e-3
+
+
+def test_forward_full_leaves_out_position_ids_and_head_mask(model, reference, head_masked_reference):
+    """`forward_full`: `position_ids = positions(attention_mask)` and `head_mask = ones` as
+    computed defaults (docs/language.md). Left out, it is `forward`; given, it is transformers
+    with them; leaving one out equals passing its default's value."""
+    from linnet.diagnostics import LinnetError
+
+    tokens, types, mask = _batch(seed=12)
+    real = mask.astype(bool)
+    rng = np.random.default_rng(4)
+    positions = rng.integers(0, TINY_CONFIG["max_position_embeddings"], size=tokens.shape)
+    head_mask = rng.choice([0.0, 0.5, 1.0], size=(LAYERS, HEADS)).astype(np.float32)
+    counted = np.maximum(np.cumsum(mask != 0, axis=1) - 1, 0)  # std.nn.masks::positions by hand
+    ones = np.ones((LAYERS, HEADS), np.float32)
+    inputs = dict(input_ids=tokens, token_type_ids=types, attention_mask=mask)
+    both = _np(model.forward_full(tokens, types, mask, positions, head_mask))
+    expected = head_masked_reference(head_mask, **inputs, position_ids=positions)
+    assert max_diff(both[real], expected[real]) <= BOUND
+    explicit = _np(model.forward_full(tokens, types, mask, counted, ones))
+    plain = _transformers(reference, **inputs).last_hidden_state.numpy()
+    assert max_diff(explicit[real], plain[real]) <= BOUND
+    if model.backend == "stablehlo":  # the exported graph takes every input
+        with pytest.raises(LinnetError, match="`position_ids` left out"):
+            model.forward_full(tokens, types, mask)
+        return
+    left_out = _np(model.forward_full(tokens, types, attention_mask=mask))
+    np.testing.assert_allclose(left_out, explicit, rtol=0, atol=1e-6)
+    assert max_diff(left_out[real], _np(model.forward(tokens, types, attention_mask=mask))[real]) <= BOUND
+    only_heads = _np(model.forward_full(tokens, types, mask, head_mask=head_mask))
+    assert max_diff(only_heads[real], head_masked_reference(head_mask, **inputs)[real]) <= BOUND
+    only_positions = _np(model.forward_full(tokens, types, mask, positions))
+    assert max_diff(only_positions[real], _np(model.forward_positioned(tokens, types, mask, positions))[real]) <= BOUND

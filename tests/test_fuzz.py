@@ -216,3 +216,22 @@ def test_an_unclosed_brace_at_eof_is_located_as_the_parser_counts_lines(workspac
     assert (d.notes[0].span.line, d.notes[0].span.col) == (2, 43)
     assert not span_problems(caught.value, workspace.root)
 
+
+
+@pytest.mark.parametrize("old, new, code", [
+    # the default reading a later parameter, its own, and one of another type
+    ("= positions(attention_mask),", "= positions(position_ids),", "E0114"),
+    ("position_ids: Tensor[B, S; i32] = positions(attention_mask),",
+     "position_ids: Tensor[B, S; i32] = cast<f32>(positions(attention_mask)),", "E0307"),
+    ("head_mask: Tensor[Layers, Heads; T] = ones,", "head_mask: Tensor[Layers, Heads; T],", "E0113"),
+])
+def test_a_broken_computed_default_in_bert_is_a_diagnostic(workspace, targets, old, new, code):
+    """Computed defaults (`= positions(attention_mask)`) mutated in the BERT source the fuzzer runs."""
+    outcome = run_bert(workspace, targets, source=[(old, new)])
+    assert outcome.status == "error" and code in outcome.codes, outcome.detail
+
+
+def test_bert_with_computed_defaults_goes_through_every_emitter(workspace, targets):
+    """The unmutated BERT source, `forward_full`'s computed defaults included."""
+    outcome = run_bert(workspace, targets, source=[])
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail

@@ -274,3 +274,31 @@ def test_a_changed_word_row_moves_only_that_words_mlm_scores(tiny_heads, tmp_pat
     reference = BertForMaskedLM.from_pretrained(changed).eval()
     ref = _transformers(reference, tokens, types, mask).logits.numpy()
     assert _real_positions_diff(mlm_after, ref, mask) <= BOUND
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("root", ["MaskedLm", "SequenceClassification", "TokenClassification", "QuestionAnswering"])
+def test_the_full_entries_leave_position_ids_and_head_mask_out(tiny_heads, root, backend):
+    """`logits_full` / `mlm_full` (`Encoder.forward_full` lifted through the head): left out,
+    position_ids and head_mask are the counted positions and ones, so the entry is the head's
+    main one; given position_ids, it is transformers' class given them."""
+    import transformers
+
+    entry, checkpoint = tiny_heads[root]
+    model = nest.load(entry, backend=backend, weights=checkpoint / "model.safetensors")
+    reference = getattr(transformers, HEADS[root][0]).from_pretrained(checkpoint).eval()
+    name = HEADS[root][1]
+    tokens, types, mask = _tiny_inputs(seed=5)
+    positions = np.random.default_rng(6).integers(0, TINY_CONFIG["max_position_embeddings"], size=tokens.shape)
+    main = _np(model.run(name, tokens, types, attention_mask=mask))
+    left_out = _np(model.run(f"{name}_full", tokens, types, attention_mask=mask))
+    per_token = main.ndim == mask.ndim + 1
+    diff = (lambda a, b: _real_positions_diff(a, b, mask)) if per_token else max_diff
+    assert diff(left_out, main) <= BOUND
+    with torch.no_grad():
+        out = reference(input_ids=torch.from_numpy(tokens), token_type_ids=torch.from_numpy(types),
+                        attention_mask=torch.from_numpy(mask), position_ids=torch.from_numpy(positions))
+    (ref,) = _logits_per_head(root, out).values()
+    given = _np(model.run(f"{name}_full", tokens, types, mask, positions))
+    print(f"{root}.{name}_full {backend}: {diff(given, ref):.3g}")
+    assert diff(given, ref) <= BOUND and diff(given, main) > 1e-3  # the positions given are used

@@ -228,7 +228,7 @@ def test_layout_rule_one_file_per_entry_when_inputs_differ(minilm_onnx):
     # take inputs of their own, so each is a file of its own; `attentions` takes the same
     # inputs, but its result per pair of positions is kept out of model.onnx.
     others = [(f"model.{name}.onnx", [name])
-              for name in ("forward_positioned", "forward_embeds", "forward_head_masked", "attentions")]
+              for name in ("forward_positioned", "forward_embeds", "forward_head_masked", "forward_full", "attentions")]
     assert [(f.file, f.entries) for f in layout(program, "forward")] == [
         ("model.onnx", ["forward", "hidden_states", "pool", "embed"]), *others]
     pool = program.entries["pool"]
@@ -329,9 +329,10 @@ def test_linnet_build_backend_onnx(minilm_checkpoint, tmp_path, capsys):
         print(f"\nlinnet build --backend onnx (minilm): {seconds:.1f} s")
     # model.onnx serves the entries that take ids; those for transformers' other inputs, and
     # `attentions` (a result per pair of positions), are graphs of their own beside it.
+    # `forward_full`'s computed `position_ids` is a graph of its own (docs/language.md).
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "model.attentions.onnx", "model.forward_embeds.onnx", "model.forward_head_masked.onnx",
-        "model.forward_positioned.onnx", "model.onnx"]
+        "default.forward_full.position_ids.onnx", "model.attentions.onnx", "model.forward_embeds.onnx",
+        "model.forward_full.onnx", "model.forward_head_masked.onnx", "model.forward_positioned.onnx", "model.onnx"]
     onnx.checker.check_model(str(tmp_path / "model.onnx"), full_check=True)
 
 
@@ -351,7 +352,8 @@ def test_build_returns_model_onnx_first_and_uses_external_data_past_the_limit(
     assert [p.name for p in paths][:2] == ["model.onnx", "model.onnx.data"]
     assert {p.name for p in paths[2:]} == {f"model.{entry}.onnx{data}" for data in ("", ".data")
                                           for entry in ("forward_positioned", "forward_embeds", "forward_head_masked",
-                                                        "attentions")}
+                                                        "forward_full", "attentions")} | {
+        "default.forward_full.position_ids.onnx"}  # a few nodes: no weights, no .data
     assert paths[0].stat().st_size < 1e6 < paths[1].stat().st_size
     # The loaded model's own session options: the measured ones may change ORT's summation
     # order (a different graph optimisation level or thread count), so only the same options

@@ -58,7 +58,7 @@ def test_an_entry_not_listed_keeps_its_own_name(tmp_path):
     ctx, _ = prepare(tiny_entry(tmp_path, 'forward = "hidden"'), need_weights=False)
     assert [ctx.output_name(e) for e in ctx.program.entries] == [
         "hidden", "hidden_states", "pool", "embed", "forward_positioned", "forward_embeds", "forward_head_masked",
-        "attentions"]
+        "forward_full", "attentions"]
 
 
 def test_outputs_must_name_real_entries(tmp_path):

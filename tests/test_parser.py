@@ -71,16 +71,18 @@ def test_bert_source_parses_into_its_blocks_and_functions():
         ("encoder", "forward_positioned", "forward_positioned", True),
         ("encoder", "forward_embedded", "forward_embeds", True),
         ("encoder", "forward_head_masked", "forward_head_masked", True),
+        ("encoder", "forward_full", "forward_full", True),
         ("encoder", "attentions", "attentions", True), ("encoder", "word_table", "word_table", True)]
     # Each where its `use` stands: two before `pool`, the rest after `embed`.
-    assert [d.position for d in model.delegates] == [0, 0, 2, 2, 2, 2, 2]
+    assert [d.position for d in model.delegates] == [0, 0, 2, 2, 2, 2, 2, 2]
     assert len(model.where) == 2
     pretraining = blocks["PreTraining"]
     assert [(f.name, f.is_entry) for f in pretraining.functions] == [
         ("mlm", True), ("nsp", True), ("mlm_loss", True), ("nsp_loss", True), ("pretraining_loss", True)]
     assert [(d.field, d.name) for d in pretraining.delegates] == [
         ("bert", "forward"), ("bert", "hidden_states"), ("bert", "pool"), ("bert", "embed"),
-        ("bert", "forward_positioned"), ("bert", "forward_embeds"), ("bert", "forward_head_masked"), ("bert", "attentions")]
+        ("bert", "forward_positioned"), ("bert", "forward_embeds"), ("bert", "forward_head_masked"), ("bert", "forward_full"),
+        ("bert", "attentions")]
 
 
 @pytest.mark.skipif(not REFERENCE_BERT.is_file(), reason="the shared reference checkout is not present")

@@ -113,7 +113,7 @@ def test_artifact_holds_no_weights(bert_hlo):
     blobs = {p.name: p.stat().st_size for p in folder.glob("*.jax_export")}
     assert set(blobs) == {f"{e}.jax_export" for e in ("forward", "hidden_states", "pool", "embed",
                                                       "forward_positioned", "forward_embeds", "forward_head_masked",
-                                                      "attentions", "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss")}
+                                                      "forward_full", "attentions", "mlm", "nsp", "mlm_loss", "nsp_loss", "pretraining_loss")}
     assert max(blobs.values()) < 2_000_000  # the checkpoint is 440 MB
     mlir = (folder / "forward.mlir").read_text()
     assert "func.func public @main" in mlir and "tensor<?x?xi32>" in mlir  # symbolic B and S

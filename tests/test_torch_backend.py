@@ -104,7 +104,7 @@ def test_minilm_mean_pooled_matches_sentence_transformers(minilm_torch, minilm_c
 
 def test_entries_and_signature(minilm_torch):
     assert minilm_torch.entries == ("forward", "hidden_states", "pool", "embed", "forward_positioned",
-                                    "forward_embeds", "forward_head_masked", "attentions")
+                                    "forward_embeds", "forward_head_masked", "forward_full", "attentions")
     assert "S <= 512" in minilm_torch.signature("pool")
     assert minilm_torch.info.report.unused_keys == ["embeddings.position_ids"]
 

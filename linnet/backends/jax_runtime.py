@@ -100,7 +100,8 @@ class JaxRuntime:
             named = {name: a for (name, _), a in zip(spec.inputs, inputs)}
             b, s = np.shape(named[spec.packed_by[0]])
             extra[BUCKET] = token_bucket(kept_count(spec, named), b * s)
-        arrays = [jax.device_put(a, self.device) for a in inputs]
+        # None: a left-out input with a computed default, which the generated function computes.
+        arrays = [None if a is None else jax.device_put(a, self.device) for a in inputs]
         return self._entries[entry](self.params, *arrays, **extra)
 
 

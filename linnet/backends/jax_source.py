@@ -234,6 +234,9 @@ class JaxEmitter(PyWriter):
     def _extra_params(self, fn: ir.Function) -> list[str]:
         return [f"{BUCKET}=None"] if fn.id in self.bucketed else []
 
+    def _full(self, shape: str, value: int, dtype: str, like: str) -> str:
+        return f"jnp.full({shape}, {value}, dtype={jax_dtype(dtype)})"
+
     def _mode_param(self, fn: ir.Function) -> str | None:
         return "rng=None"  # entries run without it: inference is eval mode
 

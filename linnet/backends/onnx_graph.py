@@ -48,7 +48,7 @@ from .onnx_files import (EXTERNAL_DATA_BYTES, IR_VERSION, OPSET, DeferredWeight,
                          layout, metadata, save, unsupported, value_dims)
 from .onnx_fused import FUSED, softmax
 
-__all__ = ["DATA_OP_TYPES", "EMISSIONS", "EXTERNAL_DATA_BYTES", "FUSED", "IR_VERSION", "OPSET", "DeferredWeight",
+__all__ = ["DATA_OP_TYPES", "default_file", "default_model", "EMISSIONS", "EXTERNAL_DATA_BYTES", "FUSED", "IR_VERSION", "OPSET", "DeferredWeight",
            "GraphEmitter", "ModelFile", "Site", "elem_type", "emit", "emit_each", "inline_weights", "layout",
            "metadata", "save", "softmax", "unsupported", "value_dims"]
 
@@ -119,3 +119,49 @@ def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[st
         model_file.weights = {t.name: em.weights[t.name] for t in initializers if t.name in em.weights}
         del em, initializers, graph, model  # the file's caller holds the one copy from here
         yield model_file
+
+
+def default_file(entry: str, param: str) -> str:
+    """The file of the graph that computes `entry`'s left-out input `param` (its computed default)."""
+    return f"default.{entry}.{param}.onnx"
+
+
+def default_model(program: ir.Program, tensors: dict, entry: ir.Entry, param: str, *,
+                  bf16_compute: str = "native"):
+    """The graph of one computed default (`position_ids = positions(attention_mask)`): its
+    inputs are the entry inputs the default reads, its one output is named after `param`.
+
+    An ONNX graph input cannot be computed from the others when left out, so the entry's own
+    graph takes `param` as a required input, and this graph computes it: the runtime (or any
+    ONNX user) runs it first when the caller leaves `param` out.
+    """
+    from onnx import helper
+
+    default = entry.computed[param]
+    types = dict(entry.inputs)
+    inputs = [(a, types[a]) for a in default.args]
+    readable = {str(d) for _, t in inputs for d in t.dims}
+    dims = [d for d in entry.dims if d in readable]
+    sources = {d: next((a, axis) for a, t in inputs for axis, x in enumerate(t.dims) if str(x) == d) for d in dims}
+    em = GraphEmitter(program, tensors, bf16_compute=bf16_compute)
+    em.bind_dims(ir.Entry(f"{entry.name}.{param}", default.function, dims, inputs, types[param], [], sources))
+    graph_inputs = []
+    for name, t in inputs:
+        em.reserve(name)
+        em.types[name] = elem_type(t.dtype)
+        graph_inputs.append(helper.make_tensor_value_info(name, elem_type(t.dtype), value_dims(t)))
+    em.reserve(param)
+    value = em.call(default.function, list(default.args), "")
+    result = types[param]
+    em.node("Identity", [value], elem_type(result.dtype), scope=f"{entry.name}.{param}",
+            doc=f"the default of `{param}` of entry `{entry.name}`: {default.text}", output=param)
+    used = {i for node in em.nodes for i in node.input}
+    graph = helper.make_graph(em.nodes, f"{entry.name}_default_{param}", graph_inputs,
+                              [helper.make_tensor_value_info(param, elem_type(result.dtype), value_dims(result))],
+                              initializer=[t for t in em.initializers if t.name in used],
+                              doc_string=f"`{param}` of entry `{entry.name}` when left out: {default.text} "
+                                         f"({default.span.file}:{default.span.line})")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="linnet", producer_version=__version__)
+    model.ir_version = IR_VERSION
+    return model

@@ -57,7 +57,8 @@ def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> li
         # The saved file is what users get, so that is what is checked (full shape inference).
         onnx.checker.check_model(str(written[0]), full_check=True)
         paths += written
-    return paths
+    # Graph inputs cannot be computed when left out: each computed default is a graph of its own.
+    return paths + _write_default_models(ctx, ctx.tensors("numpy"), out_dir, bf16_compute)
 
 
 def build(ctx: LoadContext, out_dir: Path, dtype: str | None = None) -> list[Path]:
@@ -267,8 +268,15 @@ class OnnxRuntime:
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
         session = self.session(entry)
-        names = [n for n, _ in self.program.entries[entry].inputs]
+        spec = self.program.entries[entry]
+        names = [n for n, _ in spec.inputs]
         feeds = dict(zip(names, inputs))
+        for name in names:  # a left-out input with a computed default: its own graph first
+            if feeds[name] is None:
+                from .onnx_graph import default_file
+
+                args = {a: feeds[a] for a in spec.computed[name].args}
+                feeds[name] = self.session(default_file(entry, name)).run([name], args)[0]
         if self.program.entries[entry].result.dtype == "bf16":
             return _run_bf16(session, feeds, self.outputs[entry])
         return session.run([self.outputs[entry]], feeds)[0]
@@ -313,6 +321,7 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, para
         for entry in model_file.entries:
             onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
         model_file.model = model = None
+    _write_default_models(ctx, tensors, out_dir, bf16_compute)
     if has_decoder_entries(ctx.program) and bf16_compute == "native":
         from .onnx_decoder import write_decoder_models
 
@@ -322,6 +331,23 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, para
             return path
 
         write_decoder_models(ctx.program, tensors, ctx.name, out_dir, share, params_in_place)
+
+
+def _write_default_models(ctx: LoadContext, tensors: dict, out_dir: Path, bf16_compute: str) -> list[Path]:
+    """One graph per computed default (`onnx_graph.default_model`), which `run` runs first
+    when the caller leaves that input out."""
+    import onnx
+
+    from .onnx_graph import default_file, default_model
+
+    paths = []
+    for entry in ctx.program.entries.values():
+        for param in entry.computed:
+            path = out_dir / default_file(entry.name, param)
+            onnx.save(default_model(ctx.program, tensors, entry, param, bf16_compute=bf16_compute), str(path))
+            onnx.checker.check_model(str(path), full_check=True)
+            paths.append(path)
+    return paths
 
 
 def has_decoder_entries(program) -> bool:

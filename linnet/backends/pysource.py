@@ -140,7 +140,8 @@ def emission_order(program: ir.Program) -> list[str]:
         order.append(fn_id)
 
     for entry in program.entries.values():
-        visit(entry.function)
+        for fn_id in reversed(entry.functions()):  # its defaults' functions first: the entry calls them
+            visit(fn_id)
     return order
 
 
@@ -175,6 +176,9 @@ def functions_reaching(program: ir.Program, site) -> set[str]:
 
 
 PLACEHOLDER = "__linnet_function_name__"
+
+#: The words of an entry input's constant default (`= zeros` / `= ones`), by fill value.
+FILL_WORDS = {0: "zeros", 1: "ones"}
 
 
 class FunctionNamer:
@@ -361,7 +365,9 @@ class PyWriter:
         return []
 
     def _function(self, fn: ir.Function) -> str:
-        params = [py_name(name) for name, _ in fn.params]
+        computed, fills = self._computed_defaults(fn)
+        optional = set(computed) | set(fills)
+        params = [py_name(name) + ("=None" if name in optional else "") for name, _ in fn.params]
         mode = self._mode_param(fn) if fn.id in self.dropping else None
         signature = ", ".join(([self.receiver] if fn.block else []) + params + ([mode] if mode else [])
                               + self._extra_params(fn))
@@ -376,12 +382,51 @@ class PyWriter:
                 args.append(self.mode_arg(Scope(fn)))
             lines.append(f"    return {template(fn, args)}  # {self.fused_note} {comment_text(fn.source)}")
             return "\n".join(lines)
-        body = self._stmts(fn.body, Scope(fn), 1)
+        body = self._fill_defaults(fn, computed, fills) + self._stmts(fn.body, Scope(fn), 1)
         used = "\n".join(body)
         for dim, (param, axis) in sorted(fn.dim_sources.items()):
             if mentions(used, py_name(dim)):
                 lines.append(f"    {py_name(dim)} = {py_name(param)}.shape[{axis}]")
         return "\n".join(lines + body)
+
+    def _computed_defaults(self, fn: ir.Function) -> tuple[dict[str, ir.ComputedDefault], dict[str, int]]:
+        """The computed defaults of the entry `fn` runs as, if it is one (`= positions(mask)`),
+        and the `= zeros` / `= ones` inputs after the first of them: Python wants every
+        parameter after one with a default to have one too, so those are filled here as well."""
+        for entry in self.program.entries.values():
+            if entry.function == fn.id and entry.computed:
+                names = [n for n, _ in entry.inputs]
+                first = min(names.index(n) for n in entry.computed)
+                return entry.computed, {n: entry.defaults[n] for n in names[first:] if n in entry.defaults}
+        return {}, {}
+
+    def _fill_defaults(self, fn: ir.Function, computed: dict[str, ir.ComputedDefault],
+                       fills: dict[str, int]) -> list[str]:
+        """`if position_ids is None: position_ids = <its default's function>(attention_mask)`, so
+        a caller of the generated code may leave the input out, as the Linnet signature says."""
+        if not computed:
+            return []
+        types = dict(fn.params)
+        # An input every call passes (entries' dims are read from such inputs), for the device.
+        like = next(py_name(n) for n, _ in fn.params if n not in computed and n not in fills)
+        lines = []
+        for name, t in fn.params:
+            if name in computed:
+                default = computed[name]
+                where = comment_text(f"{source_label(default.span.file)}:{default.span.line}")
+                call = ir.Call(default.function, tuple(ir.Ref(a, types[a]) for a in default.args), t,
+                               default.span.line, "self" if fn.block else None)
+                lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {default.text}')}  ({where})",
+                          f"        {py_name(name)} = {self._call(call, Scope(fn))}"]
+            elif name in fills:
+                shape = ", ".join(py_dim(d) for d in t.dims) + ("," if len(t.dims) == 1 else "")
+                lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {FILL_WORDS[fills[name]]}')}",
+                          f"        {py_name(name)} = {self._full(f'({shape})', fills[name], t.dtype, like)}"]
+        return lines
+
+    def _full(self, shape: str, value: int, dtype: str, like: str) -> str:
+        """A tensor of `shape` filled with `value` (on the device of the input `like`)."""
+        raise NotImplementedError
 
     def _stmts(self, stmts, scope: Scope, depth: int) -> list[str]:
         pad = "    " * depth

@@ -71,6 +71,14 @@ class StableHloRuntime:
         token bucket) compiles."""
         import jax
 
+        spec = self.program.entries[entry]
+        left_out = [name for (name, _), a in zip(spec.inputs, inputs) if a is None]
+        if left_out:  # the exported calls take every input; computing a default is not exported
+            name = left_out[0]
+            raise LinnetError(Diagnostic(codes.BAD_INPUT, f"`{name}` left out: the stablehlo backend runs the "
+                                         f"exported graph, which takes every input; pass `{name}` "
+                                         f"(its default is `{spec.computed[name].text}`), or load with "
+                                         "backend='jax', 'torch' or 'onnx'"))
         self._check_preconditions(entry, inputs)
         arrays = [jax.device_put(a, self.device) for a in inputs + self._token_rows(entry, inputs)]
         try:

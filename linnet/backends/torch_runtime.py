@@ -93,7 +93,8 @@ class TorchRuntime:
     def run(self, entry: str, inputs: list[np.ndarray]):
         import torch
 
-        tensors = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in inputs]
+        # None: a left-out input with a computed default, which the generated method computes.
+        tensors = [None if a is None else torch.from_numpy(a).to(self.device, non_blocking=True) for a in inputs]
         with torch.inference_mode():
             return self._entries[entry](*tensors)
 

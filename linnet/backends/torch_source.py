@@ -279,6 +279,9 @@ class TorchEmitter(PyWriter):
         self._methods = {py_name(f.name) for f in self.program.functions.values() if f.block == fn.block}
         return super()._function(fn)
 
+    def _full(self, shape: str, value: int, dtype: str, like: str) -> str:
+        return f"torch.full({shape}, {value}, dtype={torch_dtype(dtype)}, device={like}.device)"
+
     def _member(self, name: str, table: str) -> str:
         attribute = py_name(name)
         if attribute in self._methods:

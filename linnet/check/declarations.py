@@ -238,6 +238,9 @@ def _check_signature(checker: Checker, fn: FnSig) -> None:
         fn.params.append((p.name, resolve_type(p.type, fn.scope), p.span))
         if p.default is not None:
             fn.defaults[p.name] = _param_default(fn, p, fn.params[-1][1])
+        if p.default_fn is not None:
+            fn.computed[p.name] = p.default_fn
+            fn.computed_text[p.name] = p.default_text or p.default_expr.name  # a bare name: `= mask`
     if node.result is None:
         fail(codes.MISSING_RESULT_TYPE,
              f"function `{fn.name}` must declare its result type with `-> ...`", node.name_span)
@@ -271,7 +274,7 @@ def _check_entry_signature(fn: FnSig) -> None:
     for name, t, span in fn.params:
         if not isinstance(t, TensorT) or t.rank is None:
             fail(codes.BAD_ENTRY_SIGNATURE, f"entry parameter `{name}` must be a tensor of fixed rank, found {t}", span)
-        if name in fn.defaults:
+        if name in fn.defaults or name in fn.computed:
             continue  # a left-out input cannot tell its dims
         readable |= {symbol_name(d) for d in t.dims if isinstance(d, DimExpr) and symbol_name(d)}
     for g in fn.generics:

@@ -93,6 +93,11 @@ class FnSig:
     facts: Facts = field(default_factory=Facts)
     #: Entry parameters the caller may leave out, and the value they are filled with.
     defaults: dict[str, int] = field(default_factory=dict)
+    #: Entry parameters with a computed default (`= positions(attention_mask)`) -> the block
+    #: function that computes it (`forward_default_position_ids`, made by the resolver).
+    computed: dict[str, str] = field(default_factory=dict)
+    #: Each computed default as written (`positions(attention_mask)`), for signatures.
+    computed_text: dict[str, str] = field(default_factory=dict)
     checked: bool = False  # the signature checked, so the body can be
 
     @property

@@ -101,8 +101,10 @@ def _check_assign(stmt: ast.Assign, ctx: BodyContext) -> bool:
 
 def _check_return(stmt: ast.Return, ctx: BodyContext) -> bool:
     t = check_expr(stmt.value, ctx)
-    expect_same(ctx.sig.result, t, ctx.facts, stmt.value.span, f"the result of `{ctx.sig.name}`",
-                ctx.sig.node.result.span)
+    default_of = ctx.sig.node.default_of  # the function the resolver made of a computed default
+    what = (f"the default of `{default_of[1]}` (a parameter of `{default_of[0]}`)" if default_of
+            else f"the result of `{ctx.sig.name}`")
+    expect_same(ctx.sig.result, t, ctx.facts, stmt.value.span, what, ctx.sig.node.result.span)
     return True
 
 

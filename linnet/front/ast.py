@@ -296,6 +296,11 @@ class Param:
     type: TypeNode
     span: Span
     default: str | None = None  # `= zeros` / `= ones` on an entry's tensor parameter
+    #: `= positions(attention_mask)`: a default computed from earlier parameters (the resolver
+    #: makes it a function of the block, `<entry>_default_<param>`, and names it in `default_fn`).
+    default_expr: "Expr | None" = None
+    default_fn: str | None = None
+    default_text: str = ""  # the expression as written, for signatures
 
 
 @dataclass(eq=False)
@@ -311,6 +316,8 @@ class Function:
     span: Span
     name_span: Span
     doc: str = ""
+    #: (entry, parameter) for the function the resolver makes of a computed default.
+    default_of: tuple[str, str] | None = None
 
 
 @dataclass(eq=False)

@@ -54,7 +54,7 @@ def parse(text: str, file: str, sources: SourceMap | None = None) -> ast.Module:
             _span(file, deep.meta) if not deep.meta.empty else Span(file, 1, 1, 1, 1),
             (Note("split it into several `let` statements"),)), sources)
     try:
-        module = _ToAst(file).transform(tree)
+        module = _ToAst(file, text).transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, LinnetError):
             err = exc.orig_exc
@@ -204,9 +204,10 @@ _EXPR_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%"}
 class _ToAst(Transformer):
     """One method per grammar rule; each returns the `linnet.front.ast` node for it."""
 
-    def __init__(self, file: str):
+    def __init__(self, file: str, text: str = ""):
         super().__init__()
         self.file = file
+        self.text = text
 
     def _s(self, meta) -> Span:
         return _span(self.file, meta)
@@ -340,7 +341,14 @@ class _ToAst(Transformer):
 
     def fn_param(self, meta, children):
         name, type_, *default = children
-        return ast.Param(str(name), type_, self._s(meta), str(default[0]) if default else None)
+        if not default:
+            return ast.Param(str(name), type_, self._s(meta))
+        (value,) = default
+        if isinstance(value, ast.Name):  # `= ones`, or `= other_param` (the resolver tells which)
+            return ast.Param(str(name), type_, self._s(meta), value.name, value)
+        # The default as written, for signatures (`= positions(attention_mask)`); a type has no `=`.
+        written = self.text[meta.start_pos:meta.end_pos].split("=", 1)[-1]
+        return ast.Param(str(name), type_, self._s(meta), None, value, default_text=" ".join(written.split()))
 
     def generic_params(self, meta, children):
         return ("generics", list(children))

@@ -167,6 +167,7 @@ class Resolver:
 
     def finish(self, roots: list[ModuleInfo]) -> Program:
         _Delegations(self.errors).expand(self.modules.values())
+        _expand_defaults(self.errors, self.modules.values())
         if self.errors:
             raise LinnetError(self.errors, self.sources)
         return Program(self.modules, roots, self.sources)
@@ -422,3 +423,86 @@ def _substitute(node, mapping: dict):
         changes = {f.name: _substitute(getattr(node, f.name), mapping) for f in dataclasses.fields(node)}
         return dataclasses.replace(node, **changes)
     return node
+
+
+def _expand_defaults(errors: list[Diagnostic], modules) -> None:
+    """Computed defaults (`position_ids: Tensor[B, S; i32] = positions(attention_mask)`).
+
+    Every function's defaults must be trailing (E0113).  A default that is an expression over
+    earlier parameters becomes a function of the block, `<entry>_default_<param>`, taking the
+    parameters it reads, with the entry's generics and where clauses and the parameter's
+    declared type as its result, so the checker checks it like any function (a wrong type
+    says "the default of `p` is ..."), lowering gives it an ir.Function, and each backend
+    calls it when the input is left out.  The parameter names it in `default_fn`.
+    """
+    for info in modules:
+        for item in info.tree.items:
+            if isinstance(item, ast.Block):
+                made = []
+                for fn in item.functions:
+                    made += [(fn, f) for f in _defaults_of(errors, fn, item)]
+                for fn, extra in reversed(made):
+                    item.functions.insert(item.functions.index(fn) + 1, extra)
+            elif isinstance(item, ast.Function):
+                _defaults_of(errors, item, None)
+
+
+def _defaults_of(errors: list[Diagnostic], fn: ast.Function, block: ast.Block | None) -> list[ast.Function]:
+    names = [p.name for p in fn.params]
+    first: ast.Param | None = None
+    made: list[ast.Function] = []
+    for i, p in enumerate(fn.params):
+        if p.default is None and p.default_expr is None:
+            if first is not None:
+                errors.append(Diagnostic(
+                    codes.DEFAULT_NOT_TRAILING, f"parameter `{p.name}` of `{fn.name}` has no default, but "
+                    f"`{first.name}` before it has one", p.span,
+                    (Note(f"`{first.name}`'s default is here; only trailing parameters may have defaults "
+                          "(move the defaulted parameters last)", first.span),)))
+            continue
+        first = first or p
+        if p.default_fn is not None:
+            continue  # expanded already (a tree resolved twice)
+        computed = p.default_expr is not None and (p.default is None or p.default in names)
+        if not computed:
+            continue  # `= zeros` / `= ones`, or an unknown word the checker reports
+        later = [n for n in _names_in(p.default_expr) if n.name in names[i:]]
+        if later:
+            n = later[0]
+            what = "itself" if n.name == p.name else f"`{n.name}`, declared after it"
+            errors.append(Diagnostic(
+                codes.DEFAULT_LATER_PARAM, f"the default of `{p.name}` reads {what}", n.span,
+                (Note("a default is computed from the parameters before it, in order; move "
+                      f"`{p.name}` after `{n.name}`" if n.name != p.name else
+                      "a default is computed from the parameters before it", None),)))
+            continue
+        if block is None or not fn.is_entry:
+            errors.append(Diagnostic(
+                codes.BAD_PARAM_DEFAULT, f"parameter `{p.name}` of `{fn.name}` has a default, but only entry "
+                "parameters may", p.span,
+                (Note("calls inside Linnet pass every argument; defaults are for the model's users", None),)))
+            continue
+        read = {n.name for n in _names_in(p.default_expr)}
+        inputs = [dataclasses.replace(q, default=None, default_expr=None, default_fn=None)
+                  for q in fn.params[:i] if q.name in read]
+        name = f"{fn.name}_default_{p.name}"
+        span = p.default_expr.span
+        made.append(ast.Function(name, False, False, fn.generics, inputs, p.type, fn.where,
+                                 [ast.Return(p.default_expr, span)], span, span,
+                                 f"The default of `{fn.name}`'s `{p.name}`.", default_of=(fn.name, p.name)))
+        p.default, p.default_fn = None, name
+    return made
+
+
+def _names_in(node) -> list[ast.Name]:
+    """The plain names an expression reads (not callees, not a method call's receiver)."""
+    if isinstance(node, ast.Name):
+        return [node]
+    if isinstance(node, ast.MethodCall):
+        return [n for a in node.args for n in _names_in(a)]
+    if isinstance(node, list):
+        return [n for a in node for n in _names_in(a)]
+    if dataclasses.is_dataclass(node) and not isinstance(node, Span):
+        return [n for f in dataclasses.fields(node) if f.name not in ("span", "name_span")
+                for n in _names_in(getattr(node, f.name))]
+    return []

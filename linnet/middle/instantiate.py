@@ -61,18 +61,25 @@ class EntrySignature:
     preconditions: list[Precondition]
 
     def __str__(self) -> str:
-        params = ", ".join(f"{n}: {t}" + (f" = {_DEFAULT_NAMES[self.fn.defaults[n]]}" if n in self.fn.defaults else "")
-                           for n, t in self.params)
+        params = ", ".join(f"{n}: {t}{self.default_text(n)}" for n, t in self.params)
         text = f"{self.name}<{', '.join(self.dims)}>({params}) -> {self.result}"
         if self.preconditions:
             text += " where " + ", ".join(str(p) for p in self.preconditions)
         return text
 
+    def default_text(self, name: str) -> str:
+        """` = ones`, ` = positions(attention_mask)`, or "" for an input without a default."""
+        if name in self.fn.defaults:
+            return f" = {_DEFAULT_NAMES[self.fn.defaults[name]]}"
+        if name in self.fn.computed:
+            return f" = {self.fn.computed_text[name]}"
+        return ""
+
     def dim_sources(self) -> dict[str, tuple[str, int]]:
         """Where each free dim can be read at run time: (input name, axis)."""
         sources: dict[str, tuple[str, int]] = {}
         for name, t in self.params:
-            if name in self.fn.defaults:
+            if name in self.fn.defaults or name in self.fn.computed:
                 continue  # may be left out, so it cannot be where a dim is read
             for axis, d in enumerate(t.dims):
                 for dim in self.dims:

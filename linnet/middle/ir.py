@@ -217,6 +217,17 @@ class Block:
     span: Span | None = None
 
 
+@dataclass(frozen=True)
+class ComputedDefault:
+    """An entry input the caller may leave out, computed from earlier inputs when left out
+    (`position_ids: Tensor[B, S; i32] = positions(attention_mask)`)."""
+
+    function: str  # Function.id of the block function the resolver made of the expression
+    args: tuple[str, ...]  # the entry inputs it reads, in order
+    text: str  # the expression as written, for signatures and comments
+    span: Span  # where it is written
+
+
 @dataclass
 class Entry:
     name: str
@@ -232,6 +243,14 @@ class Entry:
     #: Set by `linnet.middle.packing` when the entry runs packed: (the mask input, the fixed
     #: positions kept besides its nonzero ones), so a runtime can count the kept tokens.
     packed_by: tuple[str, tuple[int, ...]] | None = None
+    #: Inputs with a computed default.  The torch and JAX code computes a left-out one in the
+    #: entry function (`if position_ids is None: ...`); the ONNX runtime runs the default's
+    #: own graph first (`onnx_runtime`), as the entry's graph takes every input.
+    computed: dict[str, ComputedDefault] = field(default_factory=dict)
+
+    def functions(self) -> list[str]:
+        """The function ids the entry runs: its own, then its computed defaults'."""
+        return [self.function] + [c.function for c in self.computed.values()]
 
 
 def pairwise_result(entry: Entry) -> bool:
@@ -511,8 +530,13 @@ def verify(program: Program) -> None:
     if program.root not in program.blocks:
         raise InternalError(f"root block {program.root} missing")
     for entry in program.entries.values():
-        if entry.function not in program.functions:
+        if any(fn_id not in program.functions for fn_id in entry.functions()):
             raise InternalError(f"entry {entry.name} points at a missing function")
+        for param, default in entry.computed.items():
+            inputs = [n for n, _ in entry.inputs]
+            if param not in inputs or not set(default.args) <= set(inputs[:inputs.index(param)]):
+                raise InternalError(f"entry {entry.name}: the default of `{param}` reads {default.args}, "
+                                    "which are not inputs before it")
         missing = set(entry.dims) - set(entry.dim_sources)
         if missing:
             raise InternalError(f"entry {entry.name}: no input gives dims {sorted(missing)}")

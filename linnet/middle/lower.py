@@ -149,6 +149,13 @@ class Lowerer:
                 [(p.bound.left, p.bound.op, p.bound.right, p.clause.span) for p in sig.preconditions],
                 sig.dim_sources(), dict(sig.fn.defaults))
             fn.dim_sources = {**sig.dim_sources(), **fn.dim_sources}
+            for param, fn_name in sig.fn.computed.items():
+                # The default's function, lowered with the entry's dims: the root block's own.
+                default_sig = self.instance.root.block.functions[fn_name]
+                default_id = self._function(default_sig, env, self.instance.root, ())
+                node = default_sig.node
+                entries[name].computed[param] = ir.ComputedDefault(
+                    default_id, tuple(p.name for p in node.params), sig.fn.computed_text[param], node.span)
         program = ir.Program(root_id, self.blocks, self.functions, entries)
         ir.verify(program)
         return program

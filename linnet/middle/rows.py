@@ -491,7 +491,7 @@ def _reachable(program: ir.Program, made: dict[str, ir.Function]) -> dict[str, i
     """The clones some entry calls (a clone made for a caller that was not rewritten is dropped)."""
     functions = {**program.functions, **made}
     seen: set[str] = set()
-    todo = [entry.function for entry in program.entries.values()]
+    todo = [fn_id for entry in program.entries.values() for fn_id in entry.functions()]
     while todo:
         fn_id = todo.pop()
         if fn_id in seen:

@@ -154,6 +154,8 @@ def _torch_inputs(module, entry: str, args: tuple, kwargs: dict) -> list:
         value = given.get(name)
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             tensors.append(value.to(device=device, dtype=dtypes.by_name(t.dtype).torch_type()))
+        elif array is None:  # left out, with a computed default: the generated method computes it
+            tensors.append(None)
         else:
             tensors.append(torch.from_numpy(array).to(device))
     return tensors

@@ -31,11 +31,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:326)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:340)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:327
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:328
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:341
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:342
 
 
 def embedding(ids, table):
@@ -123,8 +123,8 @@ def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:360
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:374
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
@@ -140,8 +140,8 @@ def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None)
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:360)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:360
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:374
 
 
 def Pooler_forward(params, first):
@@ -150,30 +150,30 @@ def Pooler_forward(params, first):
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:363)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:369
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:370
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:377)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:383
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:384
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:375)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:389)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:381
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:382
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:383
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:384
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:385
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:386
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:395
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:396
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:397
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:398
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:399
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:400
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:315)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:316
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:317
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:318
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:319
-    return x  # nest/bert-base-uncased/src/lib.linnet:321
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:329)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:330
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:331
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:332
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:333
+    return x  # nest/bert-base-uncased/src/lib.linnet:335
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
@@ -182,8 +182,8 @@ def Encoder_forward_positioned(params, tokens, token_types, attention_mask, posi
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:390
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:404
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
@@ -199,8 +199,8 @@ def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask,
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
@@ -214,20 +214,39 @@ def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
     return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:169
 
 
+def Encoder_forward_full(params, tokens, token_types, attention_mask, position_ids, head_mask, rng=None):
+    # bert::Encoder.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:298)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:306
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:307
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:309
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:310
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:311
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:312
+    return x  # nest/bert-base-uncased/src/lib.linnet:314
+
+
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:296)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:303
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:304
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:306
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:307
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:308
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:309
-    return x  # nest/bert-base-uncased/src/lib.linnet:311
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:318)
+    return Encoder_forward_full(params, tokens, token_types, attention_mask, positions(attention_mask), head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:325
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+
+
+def Model_forward_full_default_position_ids(params, attention_mask):
+    # bert::Model.forward_full_default_position_ids<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:302)
+    return positions(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
+
+
+def Model_forward_full(params, tokens, token_types, attention_mask, position_ids=None, head_mask=None, rng=None):
+    # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    if position_ids is None:  # position_ids = positions(attention_mask)  (nest/bert-base-uncased/src/lib.linnet:302)
+        position_ids = Model_forward_full_default_position_ids(params, attention_mask)
+    if head_mask is None:  # head_mask = ones
+        head_mask = jnp.full((6, 12), 1, dtype=jnp.float32)
+    return Encoder_forward_full(params["encoder"], tokens, token_types, attention_mask, position_ids, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
 
 
 def Encoder_no_probabilities(params, mask):
@@ -268,8 +287,8 @@ def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
 
 
 def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:390)
-    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:390
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and
@@ -282,5 +301,6 @@ ENTRIES = {
     "forward_positioned": Model_forward_positioned,
     "forward_embeds": Model_forward_embeds,
     "forward_head_masked": Model_forward_head_masked,
+    "forward_full": Model_forward_full,
     "attentions": Model_attentions,
 }
