@@ -89,36 +89,48 @@ class OpenVinoRuntime:
         self._requests = threading.local()
         self.compiled_model(root)
 
-    def compiled_model(self, entry: str):
-        compiled = self.compiled.get(entry)
+    def compiled_model(self, entry: str, file: str | None = None):
+        """The compiled graph of `entry` (or of the export's `file`, a computed default's)."""
+        file = file or entry_file(entry)
+        compiled = self.compiled.get(file)
         if compiled is None:
             with self._lock:
-                compiled = self.compiled.get(entry)
+                compiled = self.compiled.get(file)
                 if compiled is None:
-                    model = self.core.read_model(str(self.folder / entry_file(entry)))
+                    model = self.core.read_model(str(self.folder / file))
                     compiled = self.core.compile_model(model, "CPU", self.config)
                     ran = hint_of(compiled)
                     if ran != self.precision:
                         raise LinnetError(Diagnostic(codes.OPENVINO_PRECISION, (
-                            f"OpenVINO compiled {entry_file(entry)} to run at {ran}, not at the {self.precision} "
+                            f"OpenVINO compiled {file} to run at {ran}, not at the {self.precision} "
                             f"asked for (INFERENCE_PRECISION_HINT={self.config.get('INFERENCE_PRECISION_HINT')}); "
                             "Linnet runs no model at a precision other than the one asked for")))
-                    self.compiled[entry] = compiled
+                    self.compiled[file] = compiled
         return compiled
 
-    def _request(self, entry: str):
-        requests = getattr(self._requests, "by_entry", None)
+    def _request(self, entry: str, file: str | None = None):
+        requests = getattr(self._requests, "by_file", None)
         if requests is None:
-            requests = self._requests.by_entry = {}
-        request = requests.get(entry)
+            requests = self._requests.by_file = {}
+        file = file or entry_file(entry)
+        request = requests.get(file)
         if request is None:
-            request = requests[entry] = self.compiled_model(entry).create_infer_request()
+            request = requests[file] = self.compiled_model(entry, file).create_infer_request()
         return request
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
+        spec = self.program.entries[entry]
+        names = [n for n, _ in spec.inputs]
+        feeds = dict(zip(names, inputs))
+        for name in names:  # a left-out input with a computed default: its own graph first
+            if feeds[name] is None:
+                from .onnx_graph import default_file
+
+                computing = self._request(entry, default_file(entry, name))
+                computing.infer({a: feeds[a] for a in spec.computed[name].args})
+                feeds[name] = computing.get_output_tensor(0).data.copy()
         request = self._request(entry)
-        names = [n for n, _ in self.program.entries[entry].inputs]
-        request.infer(dict(zip(names, inputs)))
+        request.infer(feeds)
         result = request.get_output_tensor(0).data
         if self.program.entries[entry].result.dtype == "bf16":
             # OpenVINO's Python API hands bf16 bits out as a float16 array: reinterpret them.
