@@ -160,3 +160,31 @@ def test_settings_the_source_does_not_compute_are_refused_by_name(tmp_path, fiel
         nest.load(tmp_path)
     assert caught.value.code == "E1106", caught.value.render()
     assert says in caught.value.render()
+
+
+# ------------------------------------------------------------------ the zoo entry and bad input
+
+
+def test_linnet_check_counts_smollm2s_parameters():
+    """SmolLM2-135M's shapes (nest/smollm2-135m-instruct's generics), counted by LlamaForCausalLM's
+    modules: the token table (tied, stored once), per layer q/o [D, D], k/v [KvHeads * Dh, D],
+    gate/up/down [Inner, D] and two norms, then the final norm."""
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+
+    params = compile_target(locate("smollm2-135m-instruct")).instance.params
+    vocab, d, kv_width, inner, layers = 49152, 576, 3 * 64, 1536, 30
+    expected = vocab * d + layers * (2 * d * d + 2 * kv_width * d + 3 * inner * d + 2 * d) + d
+    assert sum(int(np.prod(p.shape)) for p in params) == expected == 134_515_008
+
+
+def test_a_prompt_past_the_positions_and_ids_past_the_vocabulary_are_refused_before_compute(tied, monkeypatch):
+    model = load(tied, "torch")
+    monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
+    with pytest.raises(LinnetError) as caught:
+        model.generate(np.zeros((1, 60), np.int64), 5)
+    assert caught.value.code == "E0702" and "needs 65 positions" in caught.value.render()
+    for call in (lambda: model(np.array([[1, 101]])), lambda: model.generate(np.array([[1, 101]]), 3)):
+        with pytest.raises(LinnetError) as caught:
+            call()
+        assert caught.value.code == "E0701" and "101 rows" in caught.value.render()
