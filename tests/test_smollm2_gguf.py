@@ -228,3 +228,90 @@ def _tiny_tensors(skip: str = "blk.0.ffn_up.weight") -> dict[str, tuple[int, ...
               "blk.0.attn_v.weight": (4, 8), "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_gate.weight": (12, 8),
               "blk.0.ffn_up.weight": (12, 8), "blk.0.ffn_down.weight": (8, 12)}
     return {k: v for k, v in shapes.items() if k != skip}
+
+
+# ------------------------------------------------------- every tensor type, on a small file
+
+#: Tensor -> GGUF type in the small file: every type Linnet reads, on Q and K too (the rows
+#: llama.cpp permutes), against transformers' own GGUF dequantisers.
+TYPES = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "F16", "attn_v": "Q4_1", "attn_output": "Q8_0",
+         "ffn_gate": "F16", "ffn_up": "Q4_0", "ffn_down": "F32", "attn_norm": "F32", "ffn_norm": "F32",
+         "output_norm": "F32", "output": "Q4_1"}
+
+
+def write_small_gguf(file, seed=0):
+    """A random LlamaForCausalLM (untied, GQA 4/2) written as llama.cpp's converter writes it:
+    Q/K rows permuted per head, each tensor in its TYPES type, a byte-level vocabulary."""
+    import gguf
+    import transformers
+    from gguf.quants import quantize
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-5, rope_theta=1000.0, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(torch.randn_like(param) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
+    writer = gguf.GGUFWriter(str(file), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(1000.0)
+    writer.add_rope_dimension_count(16)
+    writer.add_vocab_size(288)
+    alphabet = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
+        [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
+    tokens = sorted(set(alphabet), key=alphabet.index) + ["<|endoftext|>", "He", "ll", "Hell", "o", "ĠW"][:32]
+    tokens += [f"<extra{i}>" for i in range(288 - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
+    writer.add_token_merges(["H e", "l l", "He ll"])
+    writer.add_eos_token_id(256)
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    layer = {v: k for k, v in {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                               "ffn_down": "mlp.down_proj"}.items()}
+    for key, value in model.state_dict().items():
+        stem = key[: -len(".weight")]
+        if stem in names:
+            short, name = names[stem], names[stem] + ".weight"
+        else:
+            i, rest = stem.split(".", 3)[2], stem.split(".", 3)[3]
+            short, name = layer[rest], f"blk.{i}.{layer[rest]}.weight"
+        array = value.numpy().astype(np.float32)
+        if short in ("attn_q", "attn_k"):  # llama.cpp's permute
+            heads = 4 if short == "attn_q" else 2
+            array = array.reshape(heads, 2, array.shape[0] // heads // 2, *array.shape[1:]).swapaxes(1, 2) \
+                .reshape(array.shape)
+        kind = gguf.GGMLQuantizationType[TYPES[short]]
+        if kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, array)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            writer.add_tensor(name, quantize(array, kind), raw_dtype=kind)
+    _finish(writer)
+    return file
+
+
+def test_every_tensor_type_matches_transformers_gguf_loading(tmp_path):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    file = write_small_gguf(tmp_path / "small.gguf")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=file.name, dtype=torch.float32).eval()
+    model = nest.load(file, backend="torch", kernels="default")
+    assert model.manifest.source.root == "UntiedModel" and model.info.report.unused_keys == []
+    tokens = np.random.default_rng(3).integers(0, 288, (2, 9))
+    with torch.no_grad():
+        want = reference(torch.tensor(tokens)).logits.numpy()
+    assert np.abs(np.asarray(model(tokens)) - want).max() < 1e-5
