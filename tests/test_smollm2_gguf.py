@@ -315,3 +315,15 @@ def test_every_tensor_type_matches_transformers_gguf_loading(tmp_path):
     with torch.no_grad():
         want = reference(torch.tensor(tokens)).logits.numpy()
     assert np.abs(np.asarray(model(tokens)) - want).max() < 1e-5
+
+
+def test_linnet_run_answers_through_the_zoo_entry_with_the_gguf_weights(path, capsys):
+    """`linnet run smollm2-135m-instruct --weights x.gguf TEXT`: the zoo entry's source and
+    bindings over the file's tensors, the chat task chosen because the file has a template."""
+    from linnet.cli import main
+
+    assert main(["run", "smollm2-135m-instruct", "--weights", str(path), "--max-new-tokens", "16",
+                 "What is the capital of France?"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "smollm2-135m-instruct (torch), chat:"
+    assert out[2].strip().startswith("The capital of France is Paris")

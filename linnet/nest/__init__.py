@@ -350,6 +350,8 @@ def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
 
     if is_gguf(name_or_path):  # converted once into a save_pretrained-style folder (linnet/nest/gguf.py)
         name_or_path = gguf_folder(name_or_path)
+    if is_gguf(weights):  # a zoo entry's weights from a GGUF file: its converted folder
+        weights = gguf_folder(weights)
     if is_model_folder(name_or_path):
         if revision is not None:
             raise LinnetError(Diagnostic(codes.BAD_INPUT, f"revision={revision!r} names a Hub commit, but "
