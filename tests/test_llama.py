@@ -107,6 +107,8 @@ def test_logits_and_hidden_states_match_transformers_on_a_left_padded_batch(requ
     states = np.asarray(model.hidden_states(tokens, attention_mask=mask))
     assert states.shape == hidden.shape
     assert np.abs(states - hidden).transpose(0, 2, 1, 3)[real].max() < BOUND
+    # Last-token pooling: left-padded, every row's last real token is its last position.
+    assert np.abs(np.asarray(model.embed(tokens, attention_mask=mask)) - hidden[:, -1, -1]).max() < BOUND
 
 
 @pytest.mark.parametrize("which", ["tied", "untied"])
