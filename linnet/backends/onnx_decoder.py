@@ -1,7 +1,8 @@
 """A decoder's ONNX graphs in the form optimum exports them: a key and a value per layer.
 
 Linnet's decoder entries (`prefill`, `decode`, `next_logits`; GPT-2's in
-`nest/gpt2/src/lib.linnet`) keep one typed cache `[Layers + 1, 2, B, Heads, P, Dh]`. Tools
+`nest/gpt2/src/lib.linnet`) keep one typed cache `[Stream + Layers, 2, B, Heads, P, Dh]`
+(`cache_slots`: GPT-2's stream takes one slot, a grouped-query decoder's Heads / KvHeads). Tools
 built around ONNX decoders (optimum, onnxruntime-genai, hand-written serving loops) expect
 instead, per layer `i`, `past_key_values.{i}.key` / `.value` `[B, Heads, P, Dh]` in and
 `present.{i}.key` / `.value` `[B, Heads, P + 1, Dh]` out, beside `input_ids`,
@@ -17,7 +18,7 @@ lowered program, weights included, with one `GraphEmitter` each:
 prefill returns every position, which costs an [S, Vocab] matmul that generate discards).
 No `position_ids` input: the entries count positions from `attention_mask`, as transformers'
 generate does for left padding. Inside, the per-layer inputs are stacked into the cache with
-slot 0 (the residual stream, which only the step's own new position is read from) zero, the
+the stream's slots (which only the step's own new position is read from) zero, the
 entry runs, and each layer's key and value are sliced out of its result.
 """
 from __future__ import annotations
@@ -39,7 +40,19 @@ def present_names(layers: int) -> list[str]:
 
 
 def _cache_type(program: ir.Program) -> ir.TensorType:
-    return program.entries["decode"].inputs[1][1]  # [Layers + 1, 2, B, Heads, P, Dh]
+    return program.entries["decode"].inputs[1][1]  # [Stream + Layers, 2, B, Heads, P, Dh]
+
+
+def cache_slots(program: ir.Program) -> tuple[int, int]:
+    """(stream, layers): how many leading cache slots hold the residual stream, and how many
+    layers' keys and values follow. GPT-2's stream fits one slot ([Layers + 1, ...]); a
+    grouped-query decoder's needs Heads / KvHeads (`nest/smollm2-135m-instruct`). The layers
+    are the root's longest array of sub-blocks, which every decoder source loops over."""
+    slots = _cache_type(program).dims[0].as_int()
+    layers = max((sub.count for block in program.blocks.values() for sub in block.subs if sub.count), default=0)
+    if not 0 < layers < slots:
+        raise ValueError(f"a decoder cache of {slots} slots cannot hold {layers} layers after the stream")
+    return slots - layers, layers
 
 
 def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_place: bool = False,
@@ -48,7 +61,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     from onnx import TensorProto, helper
 
     cache_t = _cache_type(program)
-    layers = cache_t.dims[0].as_int() - 1
+    stream, layers = cache_slots(program)
     float_type = elem_type(cache_t.dtype)
     em = GraphEmitter(program, tensors, params_in_place=params_in_place, defer_weights=defer_weights)
     entry = program.entries["decode" if past else "prefill"]
@@ -69,7 +82,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
             em.reserve(past_name)
             em.types[past_name] = float_type
             inputs.append(helper.make_tensor_value_info(past_name, float_type, kv_dims))
-        args = [token, _stacked_cache(em, layers, float_type), mask]
+        args = [token, _stacked_cache(em, stream, layers, float_type), mask]
     else:
         args = [token, mask]
     params = [n for n, _ in entry.inputs]
@@ -87,7 +100,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     present_dims = ["B", kv_dims[1], "P + 1" if past else "S", kv_dims[3]]
     for out_name, (layer, part) in zip(present_names(layers), ((i, p) for i in range(layers) for p in (0, 1))):
         em.reserve(out_name)
-        _slot(em, cache, layer + 1, part, float_type, out_name)
+        _slot(em, cache, stream, layer, part, float_type, out_name)
         outputs.append(helper.make_tensor_value_info(out_name, float_type, present_dims))
     used = {i for node in em.nodes for i in node.input}
     initializers = [t for t in em.initializers if t.name in used]
@@ -99,9 +112,9 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
                      {t.name: em.weights[t.name] for t in initializers if t.name in em.weights})
 
 
-def _stacked_cache(em: GraphEmitter, layers: int, float_type: int) -> str:
-    """[Layers + 1, 2, B, Heads, P, Dh] from the per-layer inputs; slot 0 zeros (the entry only
-    carries the stream's past positions along; the new position's it computes)."""
+def _stacked_cache(em: GraphEmitter, stream: int, layers: int, float_type: int) -> str:
+    """[Stream + Layers, 2, B, Heads, P, Dh] from the per-layer inputs; the stream's slots zeros
+    (the entry only carries the stream's past positions along; the new position's it computes)."""
     doc = "the per-layer keys and values stacked as the entry's cache"
     axes = em.constant([0, 1], "i64", (2,))
     slots = []
@@ -113,13 +126,14 @@ def _stacked_cache(em: GraphEmitter, layers: int, float_type: int) -> str:
 
     shape = em.node("Shape", [slots[0]], elem_type("i64"), scope="cache", doc="one slot's shape")
     zero = em.node("ConstantOfShape", [shape], float_type, scope="cache",
-                   doc="slot 0: the stream's past positions, which a step only carries along",
+                   doc="the stream's slots: its past positions, which a step only carries along",
                    value=helper.make_tensor("zero", float_type, [1], [0.0]))
-    return em.node("Concat", [zero] + slots, float_type, scope="cache", doc=doc, axis=0)
+    return em.node("Concat", [zero] * stream + slots, float_type, scope="cache", doc=doc, axis=0)
 
 
-def _slot(em: GraphEmitter, cache: str, slot: int, part: int, float_type: int, output: str) -> str:
-    doc = f"layer {slot - 1}'s {'keys' if part == 0 else 'values'}, [B, Heads, P, Dh]"
+def _slot(em: GraphEmitter, cache: str, stream: int, layer: int, part: int, float_type: int, output: str) -> str:
+    doc = f"layer {layer}'s {'keys' if part == 0 else 'values'}, [B, Heads, P, Dh]"
+    slot = stream + layer
     sliced = em.node("Slice", [cache, em.constant([slot, part], "i64", (2,)), em.constant([slot + 1, part + 1], "i64", (2,)),
                                em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc)
     return em.node("Squeeze", [sliced, em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc,

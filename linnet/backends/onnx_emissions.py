@@ -17,7 +17,7 @@ from .onnx_files import elem_type
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul", "less": "Less",
            "greater": "Greater", "equal": "Equal", "maximum": "Max", "minimum": "Min"}
 _UNARY = {"neg": "Neg", "erf": "Erf", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
-          "sigmoid": "Sigmoid"}
+          "sigmoid": "Sigmoid", "sin": "Sin", "cos": "Cos"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}
 
 

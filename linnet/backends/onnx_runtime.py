@@ -256,13 +256,13 @@ class OnnxRuntime:
     def decoder_steps(self):
         """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
         None where the export has none (not a decoder; bf16 on the CPU provider)."""
-        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps
+        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_slots
 
         if not (self.folder / STEP_FILE).exists():
             return None
         for file in (PREFILL_FILE, STEP_FILE):
             self.session(file)
-        layers = self.program.entries["decode"].inputs[1][1].dims[0].as_int() - 1
+        layers = cache_slots(self.program)[1]
         device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         return PastKeyValueSteps(self.sessions[PREFILL_FILE], self.sessions[STEP_FILE], layers, device)
 

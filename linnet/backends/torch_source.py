@@ -66,7 +66,7 @@ FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
 
 #: IR op -> its PyTorch spelling: the Python operators, then one template per op.
 EMISSIONS = Emissions("torch", OPERATORS)
-for _name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
+for _name in ("erf", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos"):
     EMISSIONS.add(_name, function_call(f"torch.{_name}"))
 
 

@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="tokenise texts, run a model and print what it is for "
                                      "(fill-mask, similarity, classification, pooled vectors, "
                                      "a decoder's continuation)")
-    run.add_argument("name", metavar="NAME", help="zoo entry (name or folder) or hf:org/repo")
+    run.add_argument("name", metavar="NAME", help="zoo entry (name or folder), hf:org/repo, or a .gguf file")
     run.add_argument("texts", nargs="+", metavar="TEXT",
                      help="texts to run ([MASK] marks a token to fill; a decoder's prompts), "
                           "or image files for an image model")
@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top", type=int, default=5, metavar="K", help="candidates or labels shown (default 5)")
     run.add_argument("--max-new-tokens", type=int, default=DEFAULT_NEW_TOKENS, metavar="N",
                      help=f"tokens a decoder adds to each prompt, greedily (default {DEFAULT_NEW_TOKENS})")
-    run.add_argument("--weights", metavar="FILE", help="a local .safetensors file or folder instead of the pinned checkpoint")
+    run.add_argument("--weights", metavar="FILE", help="a local .safetensors file, folder or .gguf file instead of the "
+                                                       "pinned checkpoint")
     run.add_argument("--revision", help="another revision of the weights repo")
     run.set_defaults(handler=cmd_run)
     embed = sub.add_parser("embed", help="embed a corpus (.txt, .jsonl, .parquet) into resumable Parquet shards, "

@@ -15,7 +15,9 @@ What gets printed depends on the model, unless `--task` says otherwise:
   preprocessed as the repo says, and each image's labels are ranked by probability;
 * generate: a decoder (`prefill`, `decode` and `next_logits` entries, as GPT-2): each text is
   a prompt, continued greedily by `--max-new-tokens` tokens (fewer when it reaches the
-  entry's end of text), and the continuation is printed under it.
+  entry's end of text), and the continuation is printed under it;
+* chat: a decoder with a chat template (tokenizer_config.json beside its files, as a GGUF
+  file's conversion writes it): each text is a user's message, answered with `model.chat`.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
 
-TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image", "generate")
+TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image", "generate", "chat")
 #: The entries a decoder generates with: linnet.nest.generate.DECODER_ENTRIES, repeated
 #: so that building the parser loads no zoo code (tests/test_gpt2_text.py checks they agree).
 DECODER_ENTRIES = ("prefill", "decode", "next_logits")
@@ -61,7 +63,7 @@ def choose_task(model, texts: list[str]) -> str:
     if getattr(model.manifest, "image", None) is not None:
         return "classify-image"
     if all(e in entries for e in DECODER_ENTRIES):
-        return "generate"
+        return "chat" if _has_chat_template(model) else "generate"
     if "mlm" in entries and any("[MASK]" in t for t in texts):
         return "fill-mask"
     if "embed" in entries and ("sentence-similarity" in tags or getattr(model.manifest, "pipeline", None) is not None):
@@ -69,6 +71,26 @@ def choose_task(model, texts: list[str]) -> str:
     if "logits" in entries and model.labels:
         return "classify"
     return "pool"
+
+
+def _has_chat_template(model) -> bool:
+    from ..nest.chat import chat_template
+
+    try:
+        chat_template(model)
+    except LinnetError:
+        return False
+    return True
+
+
+def answer(model, texts: list[str], max_new_tokens: int) -> list[str]:
+    """Each message, then the model's reply to it alone, indented by two spaces."""
+    lines = []
+    for text in texts:
+        reply = model.chat([{"role": "user", "content": text}], max_new_tokens=max_new_tokens)
+        lines.append(f"{text!r} ->")
+        lines += [f"  {line}" for line in reply.split("\n")]
+    return lines
 
 
 def _needs(model, entry: str, task: str) -> None:
@@ -191,4 +213,6 @@ def run(options: Options) -> list[str]:
         return [header, *classify_images(model, options.texts, options.top)]
     if task == "generate":
         return [header, *continue_texts(model, options.texts, options.max_new_tokens)]
+    if task == "chat":
+        return [header, *answer(model, options.texts, options.max_new_tokens)]
     return [header, *pool(model, options.texts)]

@@ -201,6 +201,16 @@ class Model:
         return generate(self, prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed, attention_mask=attention_mask, eos_token_id=eos_token_id)
 
+    def chat(self, messages, max_new_tokens: int = 64, **options) -> str:
+        """A chat model's reply to `messages` (a list of {"role", "content"} dicts) as text: the
+        repo's chat template (tokenizer_config.json `chat_template`, or a GGUF file's
+        `tokenizer.chat_template`) rendered as transformers' `apply_chat_template` does, with the
+        generation prompt, then `generate` (greedy unless `options` say otherwise) up to the end
+        of the turn; see `linnet.nest.chat`."""
+        from .chat import chat
+
+        return chat(self, messages, max_new_tokens, **options)
+
     # ---------------------------------------------------------------- fine-tuning
     # Built from the unoptimised program (linnet/nest/training.py), so what trains is the
     # source's params as the checkpoint binds them, not the inference runtime's fused ones.
@@ -335,8 +345,13 @@ def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
         from .hf import hf_manifest
 
         return hf_manifest(name_or_path, revision=revision, weights=weights), None, weights
+    from .gguf import gguf_folder, is_gguf
     from .hf import folder_manifest, is_model_folder
 
+    if is_gguf(name_or_path):  # converted once into a save_pretrained-style folder (linnet/nest/gguf.py)
+        name_or_path = gguf_folder(name_or_path)
+    if is_gguf(weights):  # a zoo entry's weights from a GGUF file: its converted folder
+        weights = gguf_folder(weights)
     if is_model_folder(name_or_path):
         if revision is not None:
             raise LinnetError(Diagnostic(codes.BAD_INPUT, f"revision={revision!r} names a Hub commit, but "

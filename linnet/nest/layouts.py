@@ -114,8 +114,25 @@ GPT2 = Layout(
               "transformer.": "GPT2LMHeadModel and the other GPT2* head classes"},
 )
 
+#: The Llama source (`nest/smollm2-135m-instruct/src/lib.linnet`) against transformers'
+#: LlamaForCausalLM. The source's blocks are named as transformers' modules (`model.` is its
+#: `Decoder` sub), so every key is the param path itself with `.weight` on the token table. A
+#: tied checkpoint stores `model.embed_tokens.weight` once (no `lm_head.weight`); the untied
+#: root binds its `lm_head`.
+LLAMA = Layout(
+    name="llama",
+    summary="the Llama source's params as transformers' LlamaForCausalLM stores them",
+    rules=_rules(
+        (r"model\.embed_tokens", r"{P}model.embed_tokens.weight"),
+        (r"(model\.(?:layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj|input_layernorm"
+         r"|post_attention_layernorm)|norm)\.weight)", r"{P}\1"),
+        (r"lm_head\.weight", r"{P}lm_head.weight"),
+    ),
+    prefixes={"": "LlamaForCausalLM"},
+)
+
 #: Every declared layout by the name nest.toml gives it.
-LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, VIT)}
+LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, LLAMA, VIT)}
 
 #: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
 #: writes (torch's), and what each becomes.

