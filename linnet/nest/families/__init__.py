@@ -268,9 +268,10 @@ def describe(value: Any) -> str:
 def _registry() -> dict[str, Family]:
     from .bert import BertFamily
     from .gpt2 import Gpt2Family
+    from .modernbert import ModernBertFamily
     from .vit import VitFamily
 
-    families = [BertFamily(), Gpt2Family(), VitFamily()]
+    families = [BertFamily(), Gpt2Family(), VitFamily(), ModernBertFamily()]
     return {model_type: family for family in families for model_type in family.model_types}
 
 
