@@ -4,7 +4,8 @@
 * A tiny random ModernBertForMaskedLM and its bare ModernBertModel, saved by transformers' own
   `save_pretrained` and loaded as folders: 4 layers with full attention at layers 0 and 3 and a
   sliding window of 2 positions either side (narrower than the 10-token batch) in layers 1 and 2,
-  a right-padded batch. Last hidden states at real tokens and masked-LM logits match
+  a right-padded batch. Last hidden states, every layer's hidden state (`hidden_states`) and masked-LM logits at
+  real tokens match
   transformers' eager attention within 1e-5 on torch, JAX, StableHLO and ONNX.
 * The batch is one the window and the two RoPE thetas change (checked against transformers
   itself), so matching it means computing them.
@@ -79,10 +80,12 @@ def saved(tmp_path_factory):
     model.model.save_pretrained(root / "bare")
     tokens, mask = _inputs()
     with torch.no_grad():
-        hidden = model.model(input_ids=torch.from_numpy(tokens),
-                             attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
+        out = model.model(input_ids=torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask),
+                          output_hidden_states=True)
     return {"root": root, "model": model, "tokens": tokens, "mask": mask, "logits": _reference(model, tokens, mask),
-            "hidden": hidden}
+            "hidden": out.last_hidden_state.numpy(),
+            # [B, S, Layers + 1, D], so a [B, S] mask picks real tokens
+            "states": torch.stack(out.hidden_states, dim=2).numpy()}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -96,6 +99,7 @@ def test_masked_lm_and_hidden_states_match_transformers(saved, backend):
         "mlm logits": (mlm(tokens, mask), saved["logits"]),
         "mlm root's forward": (mlm.forward(tokens, mask), saved["hidden"]),
         "bare forward": (bare(tokens, mask), saved["hidden"]),
+        "hidden states": (np.asarray(mlm.hidden_states(tokens, mask)).transpose(0, 2, 1, 3), saved["states"]),
     }
     for what, (got, want) in pairs.items():
         diff = max_diff(np.asarray(got)[real], want[real])

@@ -60,7 +60,7 @@ class ModernBertFamily(Family):
     layout = MODERNBERT
     architectures = {"ModernBertModel": "Model", "ModernBertForMaskedLM": "MaskedLm"}
     root_entries = {"Model": "forward", "MaskedLm": "mlm"}
-    outputs = {"forward": "hidden", "mlm": "mlm_logits"}
+    outputs = {"forward": "hidden", "hidden_states": "hidden_states", "mlm": "mlm_logits"}
     probe_param = "tok_embeddings"
 
     # ------------------------------------------------------------ config.json
