@@ -103,13 +103,14 @@ TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel",
                       "ImageClassification": "ViTForImageClassification"}
 #: Families whose entries bind one class whatever the root (GPT2Model: the original,
 #: unprefixed checkpoints' keys).
-FAMILY_CLASS = {"gpt2": "GPT2Model", "llama": "LlamaForCausalLM"}
+FAMILY_CLASS = {"gpt2": "GPT2Model", "llama": "LlamaForCausalLM", "modernbert": "ModernBertForMaskedLM"}
 #: Small sizes for the checkpoint transformers writes, per family (the layer count stays the entry's).
 TINY = {
     "bert": {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16},
     "vit": {"Image": 8, "Patch": 4, "Channels": 3, "D": 8, "Heads": 2, "Inner": 16, "Labels": 5, "H": 8, "W": 8},
     "gpt2": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 32},
     "llama": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "KvHeads": 1, "Inner": 12},
+    "modernbert": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 12, "Window": 2},
 }
 
 
@@ -125,6 +126,12 @@ def _transformers_config(family: str, layers: int):
                                         hidden_size=tiny["D"], num_attention_heads=tiny["Heads"],
                                         num_key_value_heads=tiny["KvHeads"], intermediate_size=tiny["Inner"],
                                         num_hidden_layers=layers, tie_word_embeddings=True)
+    if family == "modernbert":
+        return transformers.ModernBertConfig(
+            vocab_size=tiny["Vocab"], max_position_embeddings=tiny["MaxPositions"], hidden_size=tiny["D"],
+            num_attention_heads=tiny["Heads"], intermediate_size=tiny["Inner"], num_hidden_layers=layers,
+            local_attention=2 * tiny["Window"], pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+            sep_token_id=2)
     if family == "vit":
         return transformers.ViTConfig(
             image_size=tiny["Image"], patch_size=tiny["Patch"], num_channels=tiny["Channels"], hidden_size=tiny["D"],

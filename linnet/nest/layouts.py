@@ -34,12 +34,17 @@ class Layout:
     prefixes: dict[str, str]
 
     def key(self, param: str, prefix: str) -> str | None:
-        """The key a param is stored under (LayerNorms as `weight`/`bias`), or None if unmapped."""
+        """The key a param is stored under (LayerNorms as `weight`/`bias`), or None if unmapped.
+        `{next:N}` in an expanded key is the number N + 1 (ModernBERT's array of layers
+        starts at checkpoint layer 1)."""
         for pattern, key in self.rules:
             found = pattern.fullmatch(param)
             if found:
-                return found.expand(key.replace("{P}", prefix))
+                return _NEXT.sub(lambda m: str(int(m.group(1)) + 1), found.expand(key.replace("{P}", prefix)))
         return None
+
+
+_NEXT = re.compile(r"\{next:(\d+)\}")
 
 
 def _rules(*pairs: tuple[str, str]) -> tuple[tuple[re.Pattern, str], ...]:
@@ -131,8 +136,36 @@ LLAMA = Layout(
     prefixes={"": "LlamaForCausalLM"},
 )
 
+#: The ModernBERT source (`nest/modernbert-base/src/lib.linnet`) against transformers'
+#: ModernBertModel (no prefix) and ModernBertForMaskedLM (`model.`). The source's layer 0 is
+#: its own block `first` (it has no `attn_norm`), and its array `layers.N` is checkpoint layer
+#: N + 1. The masked-LM decoder is tied to the token table, so `decoder.weight`, where a
+#: checkpoint stores it, is unused; its bias binds.
+MODERNBERT = Layout(
+    name="modernbert",
+    summary="the ModernBERT source's params as transformers' ModernBert* classes store them",
+    rules=_rules(
+        (r"(?:model\.)?tok_embeddings", r"{P}embeddings.tok_embeddings.weight"),
+        (r"(?:model\.)?embedding_norm\.weight", r"{P}embeddings.norm.weight"),
+        (r"(?:model\.)?first\.attn\.wqkv\.weight", r"{P}layers.0.attn.Wqkv.weight"),
+        (r"(?:model\.)?first\.attn\.wo\.weight", r"{P}layers.0.attn.Wo.weight"),
+        (r"(?:model\.)?first\.mlp_norm\.weight", r"{P}layers.0.mlp_norm.weight"),
+        (r"(?:model\.)?first\.mlp\.wi\.weight", r"{P}layers.0.mlp.Wi.weight"),
+        (r"(?:model\.)?first\.mlp\.wo\.weight", r"{P}layers.0.mlp.Wo.weight"),
+        (r"(?:model\.)?layers\.(\d+)\.(attn_norm|mlp_norm)\.weight", r"{P}layers.{next:\1}.\2.weight"),
+        (r"(?:model\.)?layers\.(\d+)\.attn\.wqkv\.weight", r"{P}layers.{next:\1}.attn.Wqkv.weight"),
+        (r"(?:model\.)?layers\.(\d+)\.attn\.wo\.weight", r"{P}layers.{next:\1}.attn.Wo.weight"),
+        (r"(?:model\.)?layers\.(\d+)\.mlp\.wi\.weight", r"{P}layers.{next:\1}.mlp.Wi.weight"),
+        (r"(?:model\.)?layers\.(\d+)\.mlp\.wo\.weight", r"{P}layers.{next:\1}.mlp.Wo.weight"),
+        (r"(?:model\.)?final_norm\.weight", r"{P}final_norm.weight"),
+        (r"head\.(dense|norm)\.weight", r"head.\1.weight"),
+        (r"decoder_bias", "decoder.bias"),
+    ),
+    prefixes={"model.": "ModernBertForMaskedLM and the other ModernBertFor* classes", "": "ModernBertModel"},
+)
+
 #: Every declared layout by the name nest.toml gives it.
-LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, LLAMA, VIT)}
+LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, LLAMA, VIT, MODERNBERT)}
 
 #: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
 #: writes (torch's), and what each becomes.

@@ -269,9 +269,10 @@ def _registry() -> dict[str, Family]:
     from .bert import BertFamily
     from .gpt2 import Gpt2Family
     from .llama import LlamaFamily
+    from .modernbert import ModernBertFamily
     from .vit import VitFamily
 
-    families = [BertFamily(), Gpt2Family(), LlamaFamily(), VitFamily()]
+    families = [BertFamily(), Gpt2Family(), LlamaFamily(), VitFamily(), ModernBertFamily()]
     return {model_type: family for family in families for model_type in family.model_types}
 
 
