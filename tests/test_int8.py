@@ -90,3 +90,16 @@ def test_int8_options_are_checked(minilm_checkpoint):
         with pytest.raises(LinnetError) as caught:
             _load(minilm_checkpoint, **options)
         assert caught.value.code == code, options
+
+
+def test_the_plan_is_read_back_not_measured_again(minilm_checkpoint, int8, monkeypatch):
+    import linnet.backends.onnx_int8 as onnx_int8
+
+    def measured(*args):
+        raise AssertionError("the plan was measured again")
+
+    monkeypatch.setattr(onnx_int8, "cosines", measured)
+    again = _load(minilm_checkpoint, precision="int8")
+    assert again.info.precision == int8.info.precision
+    with pytest.raises(AssertionError, match="measured again"):  # another budget is another plan
+        _load(minilm_checkpoint, precision="int8", max_cosine_loss=0.004)

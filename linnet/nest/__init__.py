@@ -573,7 +573,8 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     backend_options: the keywords the backend's own runtime takes, as its record declares them
     (`linnet.backends.RECORDS`, `Backend.options`: name, type, default, what it does; listed in
     docs/backends.md, "Backend options"): `mode=` and `kernels=` for torch, `providers=`,
-    `kernels=` and `share_weights=` for onnx, `kernels=` for jax and stablehlo, `precision_hint=`,
+    `kernels=`, `share_weights=` and `precision=` (with `calibration=`, `max_cosine_loss=`, `min_cosine=`;
+    the measured plan in `model.info.precision`) for onnx, `kernels=` for jax and stablehlo, `precision_hint=`,
     `num_streams=` and `threads=` for openvino.  One the backend
     does not declare is E0807, a value of another type E0809; None is the same as leaving it out.
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
