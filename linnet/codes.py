@@ -296,6 +296,10 @@ BUILD_DTYPE_MISMATCH: Final = _register("E0833", "build-dtype-mismatch", "backen
 OPENVINO_PRECISION: Final = _register("E0834", "openvino-precision", "backend",
     "the openvino backend: a `precision_hint` the CPU has no arithmetic for, or a compiled model that "
     "reads back another inference precision than the one asked for")
+INT8_BUDGET: Final = _register("E0835", "int8-budget", "backend",
+    "the onnx backend's `precision=\"int8\"`: no plan quantising at least one matrix meets the cosine "
+    "budget (`max_cosine_loss`, `min_cosine`) on the calibration texts, or the model has nothing to "
+    "measure it on (an `embed` entry, f32, the CPU provider)")
 
 # -- triton: writing a Triton model repository (serving/triton.py)
 TRITON_BAD_OPTION: Final = _register("E0840", "triton-bad-option", "triton",

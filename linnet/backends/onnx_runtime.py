@@ -221,6 +221,9 @@ class OnnxRuntime:
             self.shared_weights = SharedWeights(folder)
         self._providers = providers
         self._lock = threading.Lock()
+        self.root = root
+        #: The int8 plan every session runs by (`plan_int8`), None at f32.
+        self.int8_plan = None
         self.sessions: dict[str, object] = {}
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
         self.generated = folder / layout(ctx.program, root)[0].file
@@ -237,10 +240,34 @@ class OnnxRuntime:
                 session = self.sessions.get(entry)
                 if session is None:
                     file = entry if entry.endswith(".onnx") else entry_file(entry)
-                    session = ort.InferenceSession(str(self.folder / file), sess_options=self._options_for(file),
-                                                   providers=self._providers)
+                    if self.int8_plan is not None:
+                        from .onnx_int8 import quantised_file
+
+                        file = quantised_file(self.folder, file, tuple(self.int8_plan.kept_f32)).name
+                    session = self.open_file(file)
                     self.sessions[entry] = session
         return session
+
+    def open_file(self, file: str):
+        """A new session on one graph file of the export folder, with the runtime's options."""
+        import onnxruntime as ort
+
+        return ort.InferenceSession(str(self.folder / file), sess_options=self._options_for(file),
+                                    providers=self._providers)
+
+    def plan_int8(self, model, calibration=None, max_cosine_loss=None, min_cosine=None) -> dict:
+        """Measure (or read back) the int8 plan on the loaded f32 model (`onnx_int8.plan`) and run
+        every entry by it from now on; what it measured, for `model.info.precision`."""
+        from . import onnx_int8
+
+        chosen = onnx_int8.plan(model, self, None if calibration is None else list(calibration),
+                                onnx_int8.MAX_COSINE_LOSS if max_cosine_loss is None else float(max_cosine_loss),
+                                onnx_int8.MIN_COSINE if min_cosine is None else float(min_cosine), cache_dir())
+        with self._lock:
+            self.int8_plan = chosen
+            self.sessions.clear()
+        self.session(_first_session(self.folder, self.root))
+        return chosen.info()
 
     def _options_for(self, file: str):
         """The session options for one graph file: the shared ones, unless the weights are
@@ -425,11 +452,22 @@ def export_folder(ctx: LoadContext, bf16_compute: str, share_weights: bool = Fal
 
 
 def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str | None = None,
-                 share_weights: bool | None = None) -> OnnxRuntime:
-    # `providers`, `kernels` and `share_weights` were checked against the record by `nest.load`.
+                 share_weights: bool | None = None, precision: str | None = None, calibration=None,
+                 max_cosine_loss: float | None = None, min_cosine: float | None = None) -> OnnxRuntime:
+    # The options were checked against the record by `nest.load`.  precision="int8" is planned by
+    # `finish_load` once the model (its tokenizer, `encode`) exists; the graphs are exported f32.
+    int8 = precision == "int8"
+    if not int8 and (calibration is not None or max_cosine_loss is not None or min_cosine is not None):
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "calibration=, max_cosine_loss= and min_cosine= "
+                                     "are precision='int8' options; give precision='int8' with them"))
+    if int8 and share_weights:
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "precision='int8' and share_weights=True do not "
+                                     "go together: the int8 graphs hold their own (int8) weights"))
     chosen = resolve_providers(providers, device)  # before reading any weights
     bf16_compute = bf16_compute_for(_float_dtype(ctx), _provider_name(chosen[0]) == "CPUExecutionProvider")
     folder = export_folder(ctx, bf16_compute, share_weights=bool(share_weights))
     runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto", share_weights=bool(share_weights))
     runtime.bf16_compute = bf16_compute
+    if int8:
+        runtime.finish_load = lambda model: runtime.plan_int8(model, calibration, max_cosine_loss, min_cosine)
     return runtime

@@ -73,6 +73,9 @@ class LoadInfo:
     origin: str | None = None
     #: Each file's name in its repo or folder, where known (`hub.Located.names`).
     names: tuple[str, ...] | None = None
+    #: The precision plan a backend measured at load (the onnx backend's `precision="int8"`:
+    #: matrices in int8 and kept f32, cosine to f32 on the calibration texts); None when none was asked.
+    precision: dict | None = None
 
 
 class Model:
@@ -585,7 +588,8 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     backend_options: the keywords the backend's own runtime takes, as its record declares them
     (`linnet.backends.RECORDS`, `Backend.options`: name, type, default, what it does; listed in
     docs/backends.md, "Backend options"): `mode=` and `kernels=` for torch, `providers=`,
-    `kernels=` and `share_weights=` for onnx, `kernels=` for jax and stablehlo, `precision_hint=`,
+    `kernels=`, `share_weights=` and `precision=` (with `calibration=`, `max_cosine_loss=`, `min_cosine=`;
+    the measured plan in `model.info.precision`) for onnx, `kernels=` for jax and stablehlo, `precision_hint=`,
     `num_streams=` and `threads=` for openvino.  One the backend
     does not declare is E0807, a value of another type E0809; None is the same as leaving it out.
     optimize: run the optimisation stage (`linnet.middle.optimize`: fused Q/K/V projections, the
@@ -613,6 +617,10 @@ def load(name_or_path: str | Path, backend: str = "torch", *, device=None, dtype
     log.info("loaded %s (%s) in %.2f s, checkpoint from %s", manifest.name, backend, info.seconds, info.source)
     model = Model(manifest, ctx.program, runtime, info)
     model.load_options = {"dtype": dtype, "revision": revision, "weights": weights}
+    finish = getattr(runtime, "finish_load", None)
+    if finish is not None:  # a plan measured on the loaded model (the onnx backend's int8)
+        info.precision = finish(model)
+        info.seconds = time.perf_counter() - started
     return model
 
 
