@@ -95,8 +95,11 @@ def test_one_export_serves_every_shape_and_each_entry_runs_only_its_nodes(bert_o
     for model in (bert_onnx, minilm_onnx):
         folder = model.info.generated.parent
         assert model.info.generated.name == "model.onnx"
+        # ...plus, for each input an entry may leave out, the small graph computing its default.
+        defaults = [f"default.{e}.{p}.onnx" for e, spec in model.program.entries.items() for p in spec.computed]
+        assert defaults  # forward_full's position_ids
         assert sorted(p.name for p in folder.iterdir()) == sorted(
-            ["model.onnx", "weights.bin", *(f"model.{e}.onnx" for e in model.entries)])
+            ["model.onnx", "weights.bin", *(f"model.{e}.onnx" for e in model.entries), *defaults])
         assert all((folder / f"model.{e}.onnx").stat().st_size < 5_000_000 for e in model.entries)
     # ONNX Runtime runs every node of a graph whatever output is asked for, so `forward` must
     # not carry bert-base's masked-LM head (a [768, 30522] matmul per token).

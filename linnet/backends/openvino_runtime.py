@@ -90,12 +90,14 @@ class OpenVinoRuntime:
         self.compiled_model(root)
 
     def compiled_model(self, entry: str, file: str | None = None):
-        """The compiled graph of `entry` (or of the export's `file`, a computed default's)."""
+        """The compiled graph of `entry` (or of the export's `file`, a computed default's), kept
+        under the entry's name (or the file's)."""
+        key = file or entry
         file = file or entry_file(entry)
-        compiled = self.compiled.get(file)
+        compiled = self.compiled.get(key)
         if compiled is None:
             with self._lock:
-                compiled = self.compiled.get(file)
+                compiled = self.compiled.get(key)
                 if compiled is None:
                     model = self.core.read_model(str(self.folder / file))
                     compiled = self.core.compile_model(model, "CPU", self.config)
@@ -105,17 +107,17 @@ class OpenVinoRuntime:
                             f"OpenVINO compiled {file} to run at {ran}, not at the {self.precision} "
                             f"asked for (INFERENCE_PRECISION_HINT={self.config.get('INFERENCE_PRECISION_HINT')}); "
                             "Linnet runs no model at a precision other than the one asked for")))
-                    self.compiled[file] = compiled
+                    self.compiled[key] = compiled
         return compiled
 
     def _request(self, entry: str, file: str | None = None):
         requests = getattr(self._requests, "by_file", None)
         if requests is None:
             requests = self._requests.by_file = {}
-        file = file or entry_file(entry)
-        request = requests.get(file)
+        key = file or entry_file(entry)
+        request = requests.get(key)
         if request is None:
-            request = requests[file] = self.compiled_model(entry, file).create_infer_request()
+            request = requests[key] = self.compiled_model(entry, file).create_infer_request()
         return request
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:

@@ -416,12 +416,14 @@ class PyWriter:
                 where = comment_text(f"{source_label(default.span.file)}:{default.span.line}")
                 call = ir.Call(default.function, tuple(ir.Ref(a, types[a]) for a in default.args), t,
                                default.span.line, "self" if fn.block else None)
-                lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {default.text}')}  ({where})",
-                          f"        {py_name(name)} = {self._call(call, Scope(fn))}"]
+                lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {default.text}')}",
+                          f"        {py_name(name)} = {self._call(call, Scope(fn))}  # {where}"]
             elif name in fills:
+                # A constant fill is declared in the entry's signature: point there.
+                where = comment_text(f"{source_label(fn.span.file)}:{fn.span.line}")
                 shape = ", ".join(py_dim(d) for d in t.dims) + ("," if len(t.dims) == 1 else "")
                 lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {FILL_WORDS[fills[name]]}')}",
-                          f"        {py_name(name)} = {self._full(f'({shape})', fills[name], t.dtype, like)}"]
+                          f"        {py_name(name)} = {self._full(f'({shape})', fills[name], t.dtype, like)}  # {where}"]
         return lines
 
     def _full(self, shape: str, value: int, dtype: str, like: str) -> str:

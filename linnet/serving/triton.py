@@ -528,10 +528,11 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
         graphs.mkdir()
-        # The graphs of entries this model does not serve (losses, other inputs) stay out.
-        unserved = {f"model.{e}.onnx" for e in ctx.program.entries} - {f"model.{o.entry}.onnx" for o in io.outputs}
+        # The graphs of entries this model does not serve (losses, other inputs, and the
+        # computed-default graphs `default.<entry>.<param>.onnx` of those entries) stay out.
+        unserved = set(ctx.program.entries) - {o.entry for o in io.outputs}
         for i, path in enumerate(built):
-            if i and path.name in unserved:
+            if i and _graph_entry(path.name) in unserved:
                 continue
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
@@ -559,6 +560,17 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
 
 #: In the folder clients call: which runtime wrote it and its companion model folders.
 EXPORT_RECORD = "linnet_export.json"
+def _graph_entry(file: str) -> str | None:
+    """The entry an ONNX export file belongs to: `model.<entry>.onnx` or a computed default's
+    `default.<entry>.<param>.onnx`; None for the whole graph and the weights."""
+    parts = file.split(".")
+    if parts[0] == "model" and len(parts) == 3 and parts[2] == "onnx":
+        return parts[1]
+    if parts[0] == "default" and len(parts) == 4 and parts[3] == "onnx":
+        return parts[1]
+    return None
+
+
 #: The weights file shared by model.onnx and the per-output models.
 WEIGHTS = "weights.bin"
 

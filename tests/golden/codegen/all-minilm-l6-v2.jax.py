@@ -242,10 +242,10 @@ def Model_forward_full_default_position_ids(params, attention_mask):
 
 def Model_forward_full(params, tokens, token_types, attention_mask, position_ids=None, head_mask=None, rng=None):
     # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-    if position_ids is None:  # position_ids = positions(attention_mask)  (nest/bert-base-uncased/src/lib.linnet:302)
-        position_ids = Model_forward_full_default_position_ids(params, attention_mask)
+    if position_ids is None:  # position_ids = positions(attention_mask)
+        position_ids = Model_forward_full_default_position_ids(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
     if head_mask is None:  # head_mask = ones
-        head_mask = jnp.full((6, 12), 1, dtype=jnp.float32)
+        head_mask = jnp.full((6, 12), 1, dtype=jnp.float32)  # nest/bert-base-uncased/src/lib.linnet:404
     return Encoder_forward_full(params["encoder"], tokens, token_types, attention_mask, position_ids, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
 
 

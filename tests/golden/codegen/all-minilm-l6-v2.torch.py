@@ -330,10 +330,10 @@ class Model(nn.Module):
 
     def forward_full(self, tokens, token_types, attention_mask, position_ids=None, head_mask=None):
         # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-        if position_ids is None:  # position_ids = positions(attention_mask)  (nest/bert-base-uncased/src/lib.linnet:302)
-            position_ids = self.forward_full_default_position_ids(attention_mask)
+        if position_ids is None:  # position_ids = positions(attention_mask)
+            position_ids = self.forward_full_default_position_ids(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
         if head_mask is None:  # head_mask = ones
-            head_mask = torch.full((6, 12), 1, dtype=torch.float32, device=tokens.device)
+            head_mask = torch.full((6, 12), 1, dtype=torch.float32, device=tokens.device)  # nest/bert-base-uncased/src/lib.linnet:404
         return self.encoder.forward_full(tokens, token_types, attention_mask, position_ids, head_mask)  # nest/bert-base-uncased/src/lib.linnet:404
 
     def attentions(self, tokens, token_types, attention_mask):
