@@ -1,6 +1,6 @@
 """The decoder bench: GPT-2's prefill and greedy decoding on Linnet's backends against transformers.
 
-    python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128]
+    python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128] [--threads N]
                             [--weights DIR] [--quick] [--out FILE]
 
 Weights: a full-size synthetic GPT-2 (openai-community/gpt2's config, random weights, written
@@ -276,8 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill-iters", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="1 round, 1 prefill call (a smoke run)")
+    parser.add_argument("--threads", type=int,
+                        help="torch's intra-op threads for every torch method, transformers' included "
+                             "(default: torch's own). On a shared machine 1 avoids OpenMP's pathology: "
+                             "a 2-thread team with a core taken by another process ran SmolLM2's decode 20x slower")
     parser.add_argument("--out", type=Path, help="write the JSON here as well as printing it")
     args = parser.parse_args(argv)
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     keys = [k for k in args.methods.split(",") if k]
     unknown = [k for k in keys if k not in BY_KEY]
     if unknown:
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
-                          "model": "folder" if args.weights else args.model,
+                          "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),
                           "synthetic": args.weights is None and args.model == "gpt2"}
     print_ratios(result)
     text = json.dumps(result, indent=2)
