@@ -32,23 +32,15 @@ from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, 
 
 log = logging.getLogger("linnet.torch")
 
-#: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape. The probe
-#: also times one row, a decoder step's (`Choice.one_row_speedup`).
+#: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape.
 PROBE_ROWS = 128
-#: Products per timing at one row at least (passes over the shape's weights), a single one
-#: (tens of microseconds) being too short to time alone.
-ONE_ROW_CALLS = 8
 
 
 @dataclass(frozen=True)
 class Choice:
     kernel: str        # "onednn" or "default"
-    speedup: float     # default's time / oneDNN's time in the probe, PROBE_ROWS rows
+    speedup: float     # default's time / oneDNN's time in the probe
     max_error: float   # relative max |difference| in the probe
-    #: The same ratio at one row. oneDNN is taken only if it is not slower there beyond noise
-    #: (>= 1 / MIN_SPEEDUP), else a decoder's every step would pay for a faster prompt. (No
-    #: default: a cached choice of the older, 128-row-only probe is read as none and re-probed.)
-    one_row_speedup: float
 
 
 def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Choice]:
@@ -63,10 +55,6 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
     linears = [(_submodule(model, prefix), form) for prefix, form in dense_instances(program)]
     cached = _CACHE.read(cache_dir)
     choices: dict[str, Choice] = {}
-    same_shape: dict[str, list] = {}  # key -> every instance's [Out, In] weight, for the one-row probe
-    for module, form in linears:
-        weight = _out_in_weight(module, form)
-        same_shape.setdefault(shape_key(weight), []).append(weight)
     for module, form in linears:
         if getattr(module, "linnet_kernel", None) == "onednn":
             continue  # once per module, should two instances name the same one
@@ -76,7 +64,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         bias = None if form.bias is None else module._parameters[form.bias]
         key = shape_key(weight)
         if key not in choices:
-            choices[key] = cached.get(key) or probe(weight, bias, weights=same_shape[key])
+            choices[key] = cached.get(key) or probe(weight, bias)
         if choices[key].kernel == "onednn":
             install_onednn(module, form)
     for module, method, form in dense_heads(model, program):
@@ -104,9 +92,11 @@ def dense_instances(program) -> list[tuple[str, DenseForm]]:
     for block_id, prefix in program.instances():
         forward = program.blocks[block_id].methods.get("forward")
         form = None if forward is None else dense_form(program, program.functions[forward])
-        # Both layouts: GPT-2's [In, Out] Conv1D layers once made decode slower on oneDNN
-        # (nest/gpt2/structural-bench.json) when the choice was probed at 128 rows only; the
-        # probe now times one row too (a decode step's), and takes oneDNN only if it wins at both.
+        # Both layouts. GPT-2's [In, Out] Conv1D layers on oneDNN once made decode slower
+        # (nest/gpt2/structural-bench.json, 2 shared cores), but on a quiet Zen 5 oneDNN wins
+        # at one row too (768 x 2304: 0.20 against 0.30 ms). A one-row probe was tried and
+        # dropped: under contention oneDNN's 2-thread calls read 0.02-0.14x of the default at
+        # one row (each waits for a descheduled thread), and that verdict would be cached.
         if form is not None:
             out.append((prefix, form))
     return out
@@ -185,13 +175,8 @@ def shape_key(weight) -> str:
     return f"{in_features}x{out_features}:{str(weight.dtype).removeprefix('torch.')}"
 
 
-def probe(weight, bias, rounds: int = 7, weights=()) -> Choice:
-    """Time the default kernel and a packed oneDNN kernel on `weight`, interleaved, at
-    PROBE_ROWS rows and at one row. At one row a product streams its weight from memory in a
-    decode step (every other layer's weights pass between two reads of it), so it is timed as
-    one pass over `weights`, the model's every weight of this shape (`weight` alone when none
-    are given): one weight read over and over stays in cache, where the default kernel's lower
-    call overhead wins (SmolLM2's 576 x 192 on a Zen 5: 0.38x hot, 1.16x over its 60)."""
+def probe(weight, bias, rounds: int = 7) -> Choice:
+    """Time the default kernel and a packed oneDNN kernel on `weight`, interleaved."""
     import torch
     import torch.nn.functional as F
 
@@ -207,20 +192,9 @@ def probe(weight, bias, rounds: int = 7, weights=()) -> Choice:
         for _ in range(rounds):
             default_times.append(seconds(lambda: F.linear(x, weight, bias)))
             onednn_times.append(seconds(lambda: _onednn_linear(x, packed, bias)))
-        speedup = median(default_times) / median(onednn_times)
-        dense = list(weights) or [weight]
-        packs = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PROBE_ROWS) for w in dense]
-        row = x[:1].contiguous()
-        passes = max(1, -(-ONE_ROW_CALLS // len(dense)))
-        default_times, onednn_times = [], []
-        for _ in range(rounds):
-            default_times.append(seconds(lambda: [F.linear(row, w, bias) for _ in range(passes) for w in dense]))
-            onednn_times.append(seconds(lambda: [_onednn_linear(row, p, bias) for _ in range(passes) for p in packs]))
-        one_row = median(default_times) / median(onednn_times)
-        del packs
-    fast = speedup >= MIN_SPEEDUP and one_row >= 1 / MIN_SPEEDUP
-    kernel = "onednn" if error <= TOLERANCE and fast else "default"
-    return Choice(kernel, round(speedup, 3), error, round(one_row, 3))
+    speedup = median(default_times) / median(onednn_times)
+    kernel = "onednn" if error <= TOLERANCE and speedup >= MIN_SPEEDUP else "default"
+    return Choice(kernel, round(speedup, 3), error)
 
 
 def install_onednn(module, form: DenseForm | None = None) -> None:
