@@ -1,6 +1,6 @@
 """The decoder bench: GPT-2's prefill and greedy decoding on Linnet's backends against transformers.
 
-    python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128]
+    python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128] [--threads N]
                             [--weights DIR] [--quick] [--out FILE]
 
 Weights: a full-size synthetic GPT-2 (openai-community/gpt2's config, random weights, written
@@ -97,6 +97,12 @@ class Transformers:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
         self.eos = self.model.config.eos_token_id
+        # Every new token generated, none suppressed: no end-of-text id anywhere generate looks
+        # (min_new_tokens would instead mask the end-of-text score and so change which tokens
+        # are chosen). generate fills a None of the generation_config it is given from the
+        # model's own, so the model's is cleared too: a copy with eos None alone still stops
+        # at the model's id (SmolLM2's 2), and a shorter output is never `same_tokens`.
+        self.model.generation_config.eos_token_id = None
 
     def prefill(self, tokens: np.ndarray):
         with self.torch.inference_mode():
@@ -105,16 +111,10 @@ class Transformers:
         return out.logits[:, -1].numpy()
 
     def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
-        import copy
-
         t = self.torch.from_numpy(tokens)
-        # Every new token generated, none suppressed: no end-of-text id (min_new_tokens would
-        # instead mask the end-of-text score and so change which tokens are chosen).
-        endless = copy.deepcopy(self.model.generation_config)
-        endless.eos_token_id = None
         with self.torch.inference_mode():
-            return self.model.generate(t, generation_config=endless, attention_mask=self.torch.ones_like(t),
-                                       max_new_tokens=new, do_sample=False, pad_token_id=self.eos).numpy()
+            return self.model.generate(t, attention_mask=self.torch.ones_like(t), max_new_tokens=new,
+                                       do_sample=False, pad_token_id=self.eos).numpy()
 
 
 class Linnet:
@@ -222,6 +222,10 @@ def run(keys: list[str], weights: Path, *, seq: int, new: int, rounds: int, pref
                 times = [_timed(lambda: method.prefill(tokens))[0] for _ in range(prefill_iters)]
                 results[key]["prefill_s"].append(statistics.median(times))
                 elapsed, outputs[key] = _timed(lambda: method.generate(tokens, new))
+                if outputs[key].shape != (tokens.shape[0], tokens.shape[1] + new):
+                    # tokens/s counts `new` tokens: a method that stopped early is not measured.
+                    raise RuntimeError(f"generate returned {outputs[key].shape}, not the prompt plus {new} new "
+                                       f"tokens {(tokens.shape[0], tokens.shape[1] + new)}")
                 results[key]["generate_s"].append(elapsed)
             except Exception as exc:
                 results[key]["error"] = f"{type(exc).__name__}: {exc}"
@@ -272,8 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill-iters", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="1 round, 1 prefill call (a smoke run)")
+    parser.add_argument("--threads", type=int,
+                        help="torch's intra-op threads for every torch method, transformers' included "
+                             "(default: torch's own). On a shared machine 1 avoids OpenMP's pathology: "
+                             "a 2-thread team with a core taken by another process ran SmolLM2's decode 20x slower")
     parser.add_argument("--out", type=Path, help="write the JSON here as well as printing it")
     args = parser.parse_args(argv)
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     keys = [k for k in args.methods.split(",") if k]
     unknown = [k for k in keys if k not in BY_KEY]
     if unknown:
@@ -285,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
-                          "synthetic": args.weights is None}
+                          "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),
+                          "synthetic": args.weights is None and args.model == "gpt2"}
     print_ratios(result)
     text = json.dumps(result, indent=2)
     if args.out:

@@ -61,3 +61,23 @@ def test_an_unknown_method_is_named(capsys):
     with pytest.raises(SystemExit):
         decoder.main(["--methods", "linnet-tpu"])
     assert "linnet-tpu" in capsys.readouterr().err
+
+
+def test_the_reference_generates_every_token_though_its_end_of_text_id_comes(tmp_path):
+    """transformers' generate fills a None eos_token_id from the model's generation_config, so
+    the bench must clear that one too: here the end-of-text id is the first token greedy
+    decoding picks, and the reference still returns all the new tokens, as Linnet's does."""
+    import numpy as np
+
+    save_gpt2(tmp_path)
+    tokens = decoder.prompt(6, 64, seed=1)
+    first = int(decoder.Transformers(tmp_path).generate(tokens, 1)[0, -1])
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((tmp_path / name).read_text())
+        config["eos_token_id"] = first
+        (tmp_path / name).write_text(json.dumps(config))
+    reference = decoder.Transformers(tmp_path)
+    assert reference.model.config.eos_token_id == first
+    out = reference.generate(tokens, 5)
+    assert out.shape == (1, 11) and out[0, 6] == first
+    assert np.array_equal(out[:, :6], tokens)

@@ -197,3 +197,47 @@ def test_a_packed_weight_read_from_a_mapped_file_hands_its_pages_back(tmp_path):
         x = torch.randn(3, 256)
         want = torch.nn.functional.linear(x, weight, bias)
         assert float((module(x) - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_tied_lm_head_runs_packed_and_decodes_as_transformers(family, private_cache, monkeypatch, tmp_path):
+    """The tied head (`matmul(hidden, transpose(wte))` in a block that also embeds with `wte`)
+    is run through a packed oneDNN copy (the probe forced to choose it), the dense table kept
+    for the embedding: logits within 1e-5 of the default kernels' and transformers', and
+    greedy decoding token-identical to transformers' generate."""
+    import torch
+    import transformers
+    from fixtures.gpt2 import save_gpt2, write_tiny_entry
+
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    if family == "gpt2":
+        reference = save_gpt2(tmp_path / "hf", seed=2)
+        source, options = write_tiny_entry(tmp_path / "entry"), {"weights": tmp_path / "hf" / "model.safetensors"}
+        head, table, vocab = "lm_head", "wte", 97
+    else:
+        torch.manual_seed(2)
+        config = transformers.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          tie_word_embeddings=True)
+        reference = transformers.LlamaForCausalLM(config)
+        with torch.no_grad():
+            for name, param in reference.named_parameters():
+                param.copy_(torch.randn_like(param) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
+        reference.save_pretrained(tmp_path / "hf", safe_serialization=True)
+        reference.eval()
+        source, options, head, table, vocab = tmp_path / "hf", {}, "tied_head", "embed_tokens", 101
+    auto = nest.load(source, backend="torch", **options)
+    plain = nest.load(source, backend="torch", kernels="default", **options)
+    owners = [m for m in auto.runtime.model.modules() if head in getattr(m, "linnet_packed_methods", {})]
+    assert len(owners) == 1 and table in dict(owners[0].named_parameters())  # the embedding's table stays
+    tokens = np.random.default_rng(4).integers(0, vocab - 1, (2, 9))
+    with torch.no_grad():
+        theirs = reference(torch.from_numpy(tokens)).logits.numpy()
+    ours = np.asarray(auto(tokens))
+    np.testing.assert_allclose(ours, np.asarray(plain(tokens)), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        want = reference.generate(torch.from_numpy(tokens[:1]), max_new_tokens=12, do_sample=False,
+                                  pad_token_id=0).numpy()
+    assert np.array_equal(auto.generate(tokens[:1], 12, eos_token_id=-1), want)

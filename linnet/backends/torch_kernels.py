@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kernels
-from ..middle.linears import DenseForm, dense_form
+from ..middle.linears import DenseForm, dense_form, dense_method
 from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
 log = logging.getLogger("linnet.torch")
@@ -67,6 +67,15 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
             choices[key] = cached.get(key) or probe(weight, bias)
         if choices[key].kernel == "onednn":
             install_onednn(module, form)
+    for module, method, form in dense_heads(model, program):
+        weight = module._parameters[form.weight]
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            continue
+        key = shape_key(weight)
+        if key not in choices:
+            choices[key] = cached.get(key) or probe(weight, None)
+        if choices[key].kernel == "onednn":
+            install_onednn_method(module, method, form)
     if cache_dir is not None and any(k not in cached for k in choices):
         _CACHE.record(cache_dir, {**cached, **choices})
     used = sum(c.kernel == "onednn" for c in choices.values())
@@ -83,12 +92,60 @@ def dense_instances(program) -> list[tuple[str, DenseForm]]:
     for block_id, prefix in program.instances():
         forward = program.blocks[block_id].methods.get("forward")
         form = None if forward is None else dense_form(program, program.functions[forward])
-        # Only [Out, In] weights for now: GPT-2's [In, Out] Conv1D layers on oneDNN made
-        # decode slower (23.6 vs 28.8 tokens/s, nest/gpt2/structural-bench.json), since the
-        # choice is probed at 128 rows and decode runs one. Fusion still sees both layouts.
-        if form is not None and form.out_in:
+        # Both layouts. GPT-2's [In, Out] Conv1D layers on oneDNN once made decode slower
+        # (nest/gpt2/structural-bench.json, 2 shared cores), but on a quiet Zen 5 oneDNN wins
+        # at one row too (768 x 2304: 0.20 against 0.30 ms). A one-row probe was tried and
+        # dropped: under contention oneDNN's 2-thread calls read 0.02-0.14x of the default at
+        # one row (each waits for a descheduled thread), and that verdict would be cached.
+        if form is not None:
             out.append((prefix, form))
     return out
+
+
+def dense_heads(model, program) -> list[tuple[object, str, DenseForm]]:
+    """(module, method name, form) of each method computing `x W^T` over an [Out, In] param of
+    a block that holds more than the Linear would (`linears.dense_method`): the tied LM head
+    of GPT-2 and Llama, `matmul(hidden, transpose(wte))` beside the embedding that reads
+    `wte`. That one product is a decoder step's largest matmul (SmolLM2's 49152 x 576 is a
+    fifth of its weights), and torch's default kernel runs it at about a third of oneDNN's
+    speed on a Zen 5 (9 vs 2.5 ms per token)."""
+    from .pysource import py_name
+
+    out, seen = [], set()
+    for block_id, prefix in program.instances():
+        block = program.blocks[block_id]
+        forward = block.methods.get("forward")
+        if forward is not None and dense_form(program, program.functions[forward]) is not None:
+            continue  # a whole Linear: `dense_instances`' business
+        for fn in program.functions.values():
+            if fn.block != block_id:
+                continue
+            form = dense_method(program, fn)
+            if form is None or not form.out_in or form.bias is not None or (prefix, fn.name) in seen:
+                continue
+            seen.add((prefix, fn.name))
+            out.append((_submodule(model, prefix), py_name(fn.name), form))
+    return out
+
+
+def install_onednn_method(module, method: str, form: DenseForm) -> None:
+    """Run `module.method` (a bias-free `x W^T` over the [Out, In] param `form.weight`) through a
+    packed oneDNN copy of the weight whenever autograd is off. The dense weight stays: other
+    methods read it (the embedding looks up its rows), so the packed copy is extra memory, the
+    product's weight once more (SmolLM2: 113 MB)."""
+    import torch
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(module._parameters[form.weight].detach().contiguous(),
+                                                     PROBE_ROWS)
+    generated = getattr(module, method)
+
+    def rerouted(self, x):
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            return generated(x)
+        return _onednn_linear(x, packed, None)
+
+    setattr(module, method, types.MethodType(rerouted, module))
+    module.linnet_packed_methods = {**getattr(module, "linnet_packed_methods", {}), method: packed}
 
 
 #: What `install_onednn` assumes without a form: torch's Linear layout, `weight` [Out, In] and `bias`.

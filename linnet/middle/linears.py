@@ -50,6 +50,20 @@ class DenseForm:
 def dense_form(program: ir.Program, fn: ir.Function) -> DenseForm | None:
     """The dense layer `fn` is, or None.  The block must hold exactly the params the body reads
     and no subs, so a pass that replaces the block loses nothing."""
+    return _form(program, fn, whole_block=True)
+
+
+def dense_method(program: ir.Program, fn: ir.Function) -> DenseForm | None:
+    """The dense product a method computes over params of a block that holds more (a tied LM
+    head, `matmul(hidden, transpose(wte))` in a block whose `wte` the embedding reads too), or
+    None; with structural recognition only.  Nothing may replace such a block, but a runtime
+    may run the method itself on another kernel (`linnet.backends.torch_kernels`)."""
+    if not structural():
+        return None
+    return _form(program, fn, whole_block=False)
+
+
+def _form(program: ir.Program, fn: ir.Function, *, whole_block: bool) -> DenseForm | None:
     if fn.block is None or len(fn.params) != 1 or len(fn.body) != 1 or not isinstance(fn.body[0], ir.Return):
         return None
     if not structural() and fn.source != LINEAR:
@@ -69,7 +83,9 @@ def dense_form(program: ir.Program, fn: ir.Function) -> DenseForm | None:
     if bias is not None and not (isinstance(bias, ir.ParamRef) and bias.type.dims == (out_dim,)):
         return None
     used = {weight.name} | ({bias.name} if bias is not None else set())
-    if set(params) != used or block.subs:
+    if whole_block and (set(params) != used or block.subs):
+        return None
+    if not used <= set(params):
         return None
     if not structural() and (bias is None or not out_in):
         return None
