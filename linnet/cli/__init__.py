@@ -163,7 +163,8 @@ def cmd_export_triton(args, parser) -> int:
     folder = export_triton(ctx, Path(args.output), runtime=args.runtime, entries=args.entries,
                            max_batch_size=args.max_batch_size, preferred_batch_sizes=tuple(args.preferred_batch_sizes),
                            max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
-                           threads=args.threads)
+                           threads=args.threads, ragged=args.ragged,
+                           **({} if args.max_batch_tokens is None else {"max_batch_tokens": args.max_batch_tokens}))
     models = [folder, *(folder.parent / n for n in json.loads((folder / "linnet_export.json").read_text())["companions"])]
     files = sorted(p for model in models for p in model.rglob("*") if p.is_file())
     for path in files:
@@ -298,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     triton.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
                         help="padding-free execution inside the ONNX graph (default: on where proven exact, "
                              "as nest.load's onnx backend); the served inputs are the same either way")
+    triton.add_argument("--ragged", action="store_true",
+                        help="one unpadded sequence per request, batched by concatenation (per-request outputs "
+                             "only: embedding, pooled; see docs/triton.md)")
+    triton.add_argument("--max-batch-tokens", type=int, metavar="N",
+                        help="with --ragged: at most N tokens per batch (sets max_batch_size to N // the longest "
+                             "request the model takes)")
     triton.set_defaults(handler=cmd_export_triton)
     quick = sub.add_parser("quickstart", help="check the zoo, then load and run all-minilm-l6-v2 offline")
     quick.set_defaults(handler=cmd_quickstart)

@@ -92,6 +92,9 @@ class TritonIO:
     #: Dims every entry pins to one value by a precondition (`where H == 224`): Triton's config
     #: states them as that number, so a client sees [3, 224, 224] rather than [3, -1, -1].
     fixed: dict = field(default_factory=dict)
+    #: Served ragged (`ragged_io`): one sequence per request, `[-1]` token inputs that Triton's
+    #: dynamic batcher concatenates, and the mask implied (every token of a request is real).
+    ragged: bool = False
 
 
 def _dims(t: ir.TensorType) -> tuple[str, ...]:
@@ -143,6 +146,44 @@ def triton_io(ctx, entries=None) -> TritonIO:
     for entry in chosen[1:]:
         fixed = {d: v for d, v in _fixed_dims(entry).items() if fixed.get(d) == v}
     return TritonIO(ctx.name, batch, inputs, tuple(outputs), fixed)
+
+
+#: The batch input Triton gives the ONNX Runtime step of a ragged model: the cumulative token
+#: count at the end of each request of the batch (BATCH_ACCUMULATED_ELEMENT_COUNT), [B] int32.
+RAGGED_ENDS = "linnet_ragged_ends"
+#: The input a ragged model leaves out: with one unpadded sequence per request it is all ones.
+RAGGED_MASK = "attention_mask"
+
+
+def ragged_io(io: TritonIO, named: bool = False) -> TritonIO:
+    """`io` served ragged (`export-triton --ragged`): token inputs `[B, S]` become Triton's
+    `[-1]` per request, concatenated by the batcher into `[T]`; `attention_mask` is left out.
+
+    Only outputs with one row per request can come back: Triton's ONNX Runtime backend splits
+    every output of a batch along its first dim by the requests' batch sizes (1 each), so a
+    per-token result (`hidden` [S_i, D]) of a concatenated batch cannot be split back.  Without
+    `named` (no `entries` chosen) those outputs are left out; named, they are refused."""
+    if io.batch_dim is None:
+        raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
+                     f"{io.name}: ragged serving needs a batch dim shared by every input and output")
+    inputs = tuple(t for t in io.inputs if t.name != RAGGED_MASK)
+    seq = {t.dims[1] for t in inputs if len(t.dims) == 2}
+    flat = [t for t in inputs if len(t.dims) != 2 or t.dims[0] != io.batch_dim or t.dims[1].isdigit()]
+    if flat or len(seq) != 1 or not inputs:
+        raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
+                     f"{io.name}: ragged serving needs token inputs [{io.batch_dim}, S] sharing one sequence dim, "
+                     f"found {', '.join(f'{t.name}: [{chr(44).join(t.dims)}]' for t in io.inputs)}")
+    per_row = [o for o in io.outputs if all(d.isdigit() for d in o.dims[1:])]
+    per_token = [o for o in io.outputs if o not in per_row]
+    if per_token and named:
+        raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
+                     f"{io.name}: {', '.join(f'`{o.name}` [{chr(44).join(o.dims)}]' for o in per_token)} has a row "
+                     "per token, which Triton's ONNX Runtime backend cannot split back per request of a ragged "
+                     "batch (it splits outputs by request batch size); serve it without --ragged")
+    if not per_row:
+        raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
+                     f"{io.name}: no output with one row per request (e.g. `embedding`) to serve ragged")
+    return dataclasses.replace(io, inputs=inputs, outputs=tuple(per_row), ragged=True)
 
 
 def _fixed_dims(entry: ir.Entry) -> dict[str, int]:
@@ -245,6 +286,38 @@ class ServingOptions:
     #: ONNX Runtime's intra-op threads per instance (`intra_op_thread_count`); None: ONNX Runtime's
     #: default, one per core.  Instances x threads above the cores oversubscribe them (see docs/triton.md).
     threads: int | None = None
+    #: Ragged only: a bound on the tokens of one batch (TEI's max_batch_tokens).  Triton's batcher
+    #: counts requests, not tokens, so it becomes max_batch_size = max_batch_tokens // the
+    #: longest request the validating step lets through (the entry's `S <= n`).
+    max_batch_tokens: int | None = None
+
+
+def _serving(io: TritonIO, options: dict) -> ServingOptions:
+    """The options with max_batch_tokens turned into the max_batch_size that guarantees it."""
+    opts = ServingOptions(**options)
+    if opts.max_batch_tokens is None:
+        return opts
+    tokens = opts.max_batch_tokens
+    if not io.ragged:
+        raise _error(codes.TRITON_BAD_OPTION, "max_batch_tokens needs ragged serving (--ragged): padded batches "
+                     "are bounded by max_batch_size x their longest row")
+    longest = _longest_request(io)
+    if not _whole(tokens) or longest is None or tokens < longest:
+        raise _error(codes.TRITON_BAD_OPTION,
+                     f"max_batch_tokens must be a whole number >= the longest request the model takes "
+                     f"({longest if longest is not None else 'unbounded: no `S <= n` precondition'}), got {tokens!r}")
+    return dataclasses.replace(opts, max_batch_size=tokens // longest)
+
+
+def _longest_request(io: TritonIO) -> int | None:
+    """The most tokens one request may hold: the served entries' tightest `S <= n` / `S < n`."""
+    seq = next(t.dims[1] for t in io.inputs if len(t.dims) == 2)
+    bounds = []
+    for out in io.outputs:
+        for left, op, right in out.preconditions:
+            if left == seq and right.isdigit() and op in ("<=", "<"):
+                bounds.append(int(right) - (op == "<"))
+    return min(bounds) if bounds else None
 
 
 #: Companion models of the onnxruntime layout are named `<model><suffix>`.
@@ -325,9 +398,18 @@ def _python_config(io: TritonIO, options: ServingOptions, name: str, outputs: li
 def _onnx_config(io: TritonIO, options: ServingOptions, output: Output) -> str:
     """One output's model in the onnxruntime layout: Triton's ONNX Runtime backend runs it."""
     batched = options.max_batch_size > 0
+    inputs = [_tensor_fields(t, batched, fixed=io.fixed) for t in io.inputs]
+    ragged: list = []
+    if io.ragged:
+        # The batcher concatenates requests of any length ([1, S_i] each) into one [T] tensor per
+        # input, and gives the graph where each request ends (the adapter in `ragged_graph`).
+        inputs = [[*fields, ("allow_ragged_batch", True)] for fields in inputs]
+        ragged = [("batch_input", [[("kind", _Enum("BATCH_ACCUMULATED_ELEMENT_COUNT")),
+                                    ("target_name", (RAGGED_ENDS,)), ("data_type", _Enum("TYPE_INT32")),
+                                    ("source_input", (io.inputs[0].name,))]])]
     fields: list = [("name", output_model_name(io, output.name)), ("platform", "onnxruntime_onnx"),
                     ("default_model_filename", "model.onnx"), ("max_batch_size", options.max_batch_size),
-                    ("input", [_tensor_fields(t, batched, fixed=io.fixed) for t in io.inputs]),
+                    ("input", inputs), *ragged,
                     ("output", [_tensor_fields(output, batched, fixed=io.fixed)]), *_scheduling_fields(options),
                     *_onnxruntime_parameters(options)]
     return "\n".join(_format(fields)) + "\n"
@@ -358,7 +440,7 @@ def _ensemble_config(io: TritonIO, options: ServingOptions) -> str:
 def layout_configs(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> dict[str, str]:
     """Model name -> config.pbtxt of every Triton model of the layout; the first is the one
     clients call (named after the zoo entry).  `options`: the fields of `ServingOptions`."""
-    opts = ServingOptions(**options)
+    opts = _serving(io, options)
     _check_options(io, opts, runtime)
     batched = opts.max_batch_size > 0
     if runtime == "python":
@@ -402,6 +484,10 @@ def _check_options(io: TritonIO, options: ServingOptions, runtime: str) -> None:
         value = getattr(options, option)
         if value is not None and (not _whole(value) or value < 1):
             raise _error(codes.TRITON_BAD_OPTION, f"{option} must be a whole number >= 1, got {value!r}")
+    if io.ragged and (runtime != "onnxruntime" or size == 0):
+        raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
+                     f"{io.name}: ragged serving is Triton's dynamic batcher feeding its ONNX Runtime backend; it "
+                     f"needs runtime='onnxruntime' and max_batch_size > 0 (got {runtime!r}, {size})")
     if size > 0 and io.batch_dim is None:
         raise _error(codes.TRITON_NO_BATCH_DIM,
                      f"{io.name}: not every input and output starts with the same batch dim, so Triton "
@@ -427,6 +513,7 @@ def _spec(io: TritonIO, options: ServingOptions, role: str) -> dict:
         "linnet_version": __version__,
         "max_batch_size": options.max_batch_size,
         "threads": options.threads,
+        "ragged": io.ragged,  # one sequence per request: the batch axis must be 1
         "inputs": [{"name": t.name, "dtype": t.dtype, "numpy": dtypes.by_name(t.dtype).numpy, "dims": list(t.dims),
                     "default": t.default} for t in io.inputs],
         "outputs": [{"name": t.name, "entry": t.entry, "dtype": t.dtype, "dims": list(t.dims),
@@ -478,7 +565,7 @@ def _check_onnx(io: TritonIO, model: Path) -> None:
 
 
 def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtime: str = "onnxruntime",
-                  entries=None, **options) -> Path:
+                  entries=None, ragged: bool = False, **options) -> Path:
     """Write the Triton models of `ctx` into `repo_dir`; return the folder of the one clients call.
 
     ctx: a `LoadContext` with weights (`linnet.nest.prepare(..., need_weights=True)`), prepared
@@ -490,13 +577,16 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     entries: the entries (or their output names) to serve; None: those that take the first
     entry's inputs and give a batch-led result (not the losses, not a decoder's cache steps).
     options: the fields of `ServingOptions` (max_batch_size, preferred_batch_sizes,
-    max_queue_delay_us, instances, threads).
+    max_queue_delay_us, instances, threads, max_batch_tokens).
+    ragged: serve one unpadded sequence per request, batched by concatenation (`ragged_io`).
 
     Model folders already there are replaced as a whole, and the companions of an earlier
     export that this one no longer has are removed, so a repository never mixes files of two
     exports; other models in the repository are left alone.
     """
-    io = triton_io(ctx, entries)
+    io = plain = triton_io(ctx, entries)
+    if ragged:
+        io = ragged_io(io, named=entries is not None)
     configs = layout_configs(io, runtime=runtime, **options)
     float_dtypes = {t.dtype for t in io.outputs if dtypes.by_name(t.dtype).is_float}
     if dtype is not None and float_dtypes and float_dtypes != {dtype}:
@@ -537,8 +627,8 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
         _write_graphs(graphs, io)
-        _check_onnx(io, graphs / "model.onnx")
-        serving = ServingOptions(**options)
+        _check_onnx(dataclasses.replace(io, inputs=plain.inputs), graphs / "model.onnx")
+        serving = _serving(io, options)
         if runtime == "python":
             _python_layout(staging, graphs, io, serving)
         else:
@@ -610,7 +700,99 @@ def _write_graphs(graphs: Path, io: TritonIO) -> None:
     for path in old_data - {graphs / WEIGHTS}:
         path.unlink(missing_ok=True)
     for name in served:
-        onnx.save(cut_to_output(model, name), str(graphs / f"model.{name}.onnx"))
+        cut = cut_to_output(model, name)
+        if io.ragged:
+            cut = ragged_graph(cut, io)
+        onnx.save(cut, str(graphs / f"model.{name}.onnx"))
+
+
+def ragged_graph(model, io: TritonIO):
+    """`model` (inputs `[B, S]`) behind an adapter taking a ragged batch: each token input flat
+    `[T]` (the requests one after another) and `RAGGED_ENDS` `[B]` int32, where each request
+    ends (Triton's BATCH_ACCUMULATED_ELEMENT_COUNT).  The adapter lays the rows out `[B, S_max]`
+    with `attention_mask` marking the real tokens, the form the packed graph takes: its own
+    packing (NonZero on the mask, Gather) then runs the encoder on the T real tokens only, so
+    nothing is computed for the layout's filler.  Results keep their `[B, ...]` shape."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    old_inputs = {v.name: v for v in graph.input if v.name not in initializers}
+    rename = {name: f"linnet_ragged/{name}" for name in old_inputs}
+    for node in graph.node:
+        if node.op_type in ("If", "Loop", "Scan"):
+            raise InternalError(f"ragged_graph: {node.op_type} subgraphs are not renamed; the graph has {node.name}")
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+    for name in graph.output:
+        if name.name in rename:
+            raise InternalError(f"ragged_graph: input {name.name} is also an output")
+    nodes = []
+
+    def node(op, inputs, output, **attrs):
+        out = f"linnet_ragged/{output}"
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def const(name, values):
+        return node("Constant", [], name, value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+
+    ends = node("Cast", [RAGGED_ENDS], "ends", to=TensorProto.INT64)
+    zero, last = const("zero", [0]), const("minus_one", [-1])
+    starts = node("Concat", [zero, node("Slice", [ends, zero, last], "ends_but_last")], "starts", axis=0)
+    lengths = node("Sub", [ends, starts], "lengths")
+    longest = node("ReduceMax", [lengths], "longest", keepdims=0)
+    positions = node("Range", [node("Constant", [], "zero_scalar", value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+                               longest, node("Constant", [], "one_scalar", value=helper.make_tensor("o", TensorProto.INT64, [], [1]))],
+                     "positions")
+    row = node("Unsqueeze", [positions, zero], "positions_row")  # [1, S]
+    one = const("one", [1])
+    real = node("Less", [row, node("Unsqueeze", [lengths, one], "lengths_column")], "real")  # [B, S]
+    flat_index = node("Add", [node("Unsqueeze", [starts, one], "starts_column"), row], "flat_index")
+    index = node("Where", [real, flat_index, node("Constant", [], "zero_index",
+                                                    value=helper.make_tensor("zi", TensorProto.INT64, [], [0]))], "index")
+    new_inputs = []
+    by_name = {t.name: t for t in io.inputs}
+    for name, value in old_inputs.items():
+        elem = value.type.tensor_type.elem_type
+        if name == RAGGED_MASK:
+            nodes.append(helper.make_node("Cast", [real], [rename[name]], name=rename[name], to=elem))
+            continue
+        if name not in by_name:
+            raise InternalError(f"ragged_graph: graph input {name} is not a served input ({list(by_name)})")
+        new_inputs.append(helper.make_tensor_value_info(name, elem, ["T"]))
+        gathered = node("Gather", [name, index], f"{name}_rows", axis=0)
+        filler = node("Cast", [node("Constant", [], f"{name}_zero",
+                                    value=helper.make_tensor(f"{name}_z", TensorProto.INT64, [], [0]))],
+                      f"{name}_filler", to=elem)
+        nodes.append(helper.make_node("Where", [real, gathered, filler], [rename[name]], name=rename[name]))
+    new_inputs.append(helper.make_tensor_value_info(RAGGED_ENDS, TensorProto.INT32, ["B"]))
+    rest = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *rest])
+    kept = [v for v in graph.input if v.name in initializers]
+    del graph.input[:]
+    graph.input.extend([*new_inputs, *kept])
+    del graph.value_info[:]  # shapes of the [B, S] inputs no longer hold; ORT infers them again
+
+    return model
+
+
+def _check_ragged_onnx(io: TritonIO, output: Output, model: Path) -> None:
+    """A ragged step's graph takes each served input flat [T] and RAGGED_ENDS [B] int32."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    found = {v.name: (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim))
+             for v in graph.input if v.name not in initializers}
+    want = {t.name: (dtypes.by_name(t.dtype).onnx, 1) for t in io.inputs}
+    want[RAGGED_ENDS] = (onnx.TensorProto.INT32, 1)
+    if found != want or [v.name for v in graph.output] != [output.name]:
+        raise InternalError(f"the ragged {model} takes {found} and gives {[v.name for v in graph.output]}; "
+                            f"expected {want} and [{output.name!r}]")
 
 
 def _share(source: Path, target: Path) -> None:
@@ -641,7 +823,10 @@ def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, options: Serv
         version.mkdir(parents=True)
         shutil.move(str(graphs / f"model.{output.name}.onnx"), version / "model.onnx")
         _share(graphs / WEIGHTS, version / WEIGHTS)
-        _check_onnx(dataclasses.replace(io, outputs=(output,)), version / "model.onnx")
+        if io.ragged:
+            _check_ragged_onnx(io, output, version / "model.onnx")
+        else:
+            _check_onnx(dataclasses.replace(io, outputs=(output,)), version / "model.onnx")
 
 
 def _write_model_py(version: Path, spec: dict) -> None:

@@ -77,6 +77,11 @@ def validate(spec, arrays, requested):
                 name, len(inp["dims"]), ", ".join(inp["dims"]), list(array.shape))
         if array.dtype != np.dtype(inp["numpy"]):
             return "input '%s' must be %s, found %s" % (name, inp["dtype"], array.dtype)
+        if spec.get("ragged") and array.ndim and array.shape[0] != 1:
+            # The batcher concatenates requests' tokens; a request of several rows would be
+            # taken for one long sequence.
+            return "input '%s' must hold one sequence [1, %s] (the model is served ragged), found shape %s" % (
+                name, ", ".join(inp["dims"][1:]), list(array.shape))
         for axis, (want, got) in enumerate(zip(inp["dims"], array.shape)):
             if want.isdigit():
                 if int(want) != got:

@@ -88,17 +88,21 @@ def provision_perf_analyzer(tools: ServerTools) -> tuple[Path, dict[str, str]]:
     return binary, env
 
 
-def _input_data(inputs: dict[str, np.ndarray], folder: Path) -> Path:
-    """perf_analyzer's --input-data JSON: one entry per batch row (it sends `batch` of them)."""
-    rows = next(iter(inputs.values())).shape[0]
-    data = [{name: {"content": array[row].reshape(-1).tolist(), "shape": list(array.shape[1:])}
-             for name, array in inputs.items()} for row in range(rows)]
+def _input_data(inputs, folder: Path) -> Path:
+    """perf_analyzer's --input-data JSON: one entry per batch row (it sends `batch` of them).
+    `inputs`: arrays whose rows are the entries, or a list of entries (name -> one row's
+    array), which may differ in shape (variable-length texts for a ragged model)."""
+    if isinstance(inputs, dict):
+        rows = next(iter(inputs.values())).shape[0]
+        inputs = [{name: array[row] for name, array in inputs.items()} for row in range(rows)]
+    data = [{name: {"content": np.asarray(array).reshape(-1).tolist(), "shape": list(np.shape(array))}
+             for name, array in entry.items()} for entry in inputs]
     path = folder / "input.json"
     path.write_text(json.dumps({"data": data}), encoding="utf-8")
     return path
 
 
-def measure(tools: ServerTools, grpc_url: str, model: str, inputs: dict[str, np.ndarray], *, concurrency: int,
+def measure(tools: ServerTools, grpc_url: str, model: str, inputs, *, concurrency: int,
             batch: int, measurement_ms: int = 10000, timeout: float = 900) -> LoadFigures:
     """One perf_analyzer run at `concurrency` requests in flight, each of `batch` rows."""
     binary, env = provision_perf_analyzer(tools)
