@@ -119,3 +119,15 @@ def test_share_weights_takes_a_bool(tiny):
     entry, weights, _ = tiny
     with pytest.raises(LinnetError, match="share_weights must be True or False"):
         nest.load(entry, backend="onnx", weights=weights, share_weights="yes")
+
+
+def test_export_file_names_parse_back_to_their_entry():
+    # Triton leaves out the graphs of entries it does not serve by parsing these names, so the
+    # parser must invert both writers and claim nothing else in an export folder.
+    from linnet.backends.onnx_files import WEIGHTS_FILE, default_file, entry_of_file
+
+    assert entry_of_file(entry_file("pool")) == "pool"
+    assert entry_of_file(default_file("forward", "position_ids")) == "forward"
+    for other in ("model.onnx", WEIGHTS_FILE, f"{WEIGHTS_FILE}.1", "model.forward.int8-0123456789abcdef.onnx",
+                  "linnet_io.json", "model.pool.onnx.data"):
+        assert entry_of_file(other) is None, other

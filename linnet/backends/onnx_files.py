@@ -26,6 +26,35 @@ def unsupported(message: str, fn: ir.Function | None = None) -> LinnetError:
     return LinnetError(Diagnostic(codes.ONNX_UNSUPPORTED, f"the onnx backend cannot express {message}", span))
 
 
+# ----------------------------------------------------------------- export file names
+# The ONNX runtime, OpenVINO and Triton all read one export folder; its file names are
+# written and parsed here only.
+
+#: The one weights file every per-entry model of an export reads.
+WEIGHTS_FILE = "weights.bin"
+
+
+def entry_file(entry: str) -> str:
+    """The export's file for one entry (the entry name is a validated identifier)."""
+    return f"model.{entry}.onnx"
+
+
+def default_file(entry: str, param: str) -> str:
+    """The file of the graph that computes `entry`'s left-out input `param` (its computed default)."""
+    return f"default.{entry}.{param}.onnx"
+
+
+def entry_of_file(file: str) -> str | None:
+    """The entry an export file belongs to (`entry_file` or `default_file`); None for the
+    whole graph, the weights and anything else."""
+    parts = file.split(".")
+    if parts[-1] != "onnx":
+        return None
+    if parts[0] == "model" and len(parts) == 3 or parts[0] == "default" and len(parts) == 4:
+        return parts[1]
+    return None
+
+
 # --------------------------------------------------------------------- file layout
 
 

@@ -44,7 +44,7 @@ from ..middle import ir
 # The public names of the ONNX emitter, importable from here as before the split.
 from .onnx_emissions import EMISSIONS, Site
 from .onnx_emitter import DATA_OP_TYPES, GraphEmitter
-from .onnx_files import (EXTERNAL_DATA_BYTES, IR_VERSION, OPSET, DeferredWeight, ModelFile, elem_type, inline_weights,
+from .onnx_files import (default_file, EXTERNAL_DATA_BYTES, IR_VERSION, OPSET, DeferredWeight, ModelFile, elem_type, inline_weights,
                          layout, metadata, save, unsupported, value_dims)
 from .onnx_fused import FUSED, softmax
 
@@ -119,11 +119,6 @@ def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[st
         model_file.weights = {t.name: em.weights[t.name] for t in initializers if t.name in em.weights}
         del em, initializers, graph, model  # the file's caller holds the one copy from here
         yield model_file
-
-
-def default_file(entry: str, param: str) -> str:
-    """The file of the graph that computes `entry`'s left-out input `param` (its computed default)."""
-    return f"default.{entry}.{param}.onnx"
 
 
 def default_model(program: ir.Program, tensors: dict, entry: ir.Entry, param: str, *,

@@ -18,6 +18,7 @@ from .. import codes
 from . import LoadContext, cache_dir
 from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
+from .onnx_files import WEIGHTS_FILE, default_file, entry_file
 
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
@@ -300,7 +301,6 @@ class OnnxRuntime:
         feeds = dict(zip(names, inputs))
         for name in names:  # a left-out input with a computed default: its own graph first
             if feeds[name] is None:
-                from .onnx_graph import default_file
 
                 args = {a: feeds[a] for a in spec.computed[name].args}
                 feeds[name] = self.session(default_file(entry, name)).run([name], args)[0]
@@ -315,15 +315,6 @@ def _first_session(folder: Path, root: str) -> str:
     from .onnx_decoder import PREFILL_FILE, STEP_FILE
 
     return PREFILL_FILE if (folder / STEP_FILE).exists() else root
-
-
-def entry_file(entry: str) -> str:
-    """The runtime's file for one entry (the entry name is a validated identifier)."""
-    return f"model.{entry}.onnx"
-
-
-#: The one weights file every per-entry model of the runtime's cache reads.
-WEIGHTS_FILE = "weights.bin"
 
 
 def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, params_in_place: bool = False) -> None:
@@ -365,7 +356,7 @@ def _write_default_models(ctx: LoadContext, tensors: dict, out_dir: Path, bf16_c
     when the caller leaves that input out."""
     import onnx
 
-    from .onnx_graph import default_file, default_model
+    from .onnx_graph import default_model
 
     paths = []
     for entry in ctx.program.entries.values():

@@ -31,7 +31,8 @@ import openvino  # noqa: F401
 from .. import codes, dtypes
 from ..diagnostics import Diagnostic, LinnetError
 from . import OPENVINO_PRECISIONS as PRECISIONS, LoadContext
-from .onnx_runtime import (BUILD_NEEDS_WEIGHTS, _float_dtype, bf16_compute_for, build, entry_file,  # noqa: F401
+from .onnx_files import default_file, entry_file
+from .onnx_runtime import (BUILD_NEEDS_WEIGHTS, _float_dtype, bf16_compute_for, build,  # noqa: F401
                            export_folder, graph_io, physical_cores)
 
 #: Linnet's name -> the word OpenVINO's `INFERENCE_PRECISION_HINT` takes (and `openvino.Type.<word>`
@@ -126,7 +127,6 @@ class OpenVinoRuntime:
         feeds = dict(zip(names, inputs))
         for name in names:  # a left-out input with a computed default: its own graph first
             if feeds[name] is None:
-                from .onnx_graph import default_file
 
                 computing = self._request(entry, default_file(entry, name))
                 computing.infer({a: feeds[a] for a in spec.computed[name].args})

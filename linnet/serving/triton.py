@@ -43,6 +43,7 @@ from pathlib import Path
 from .. import __version__, codes, dtypes
 from ..diagnostics import Diagnostic, InternalError, LinnetError
 from ..middle import ir
+from ..backends.onnx_files import WEIGHTS_FILE, entry_of_file
 from ..runtime import index_bounds
 from .triton_model import CHECKED
 
@@ -622,7 +623,7 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         # computed-default graphs `default.<entry>.<param>.onnx` of those entries) stay out.
         unserved = set(ctx.program.entries) - {o.entry for o in io.outputs}
         for i, path in enumerate(built):
-            if i and _graph_entry(path.name) in unserved:
+            if i and entry_of_file(path.name) in unserved:
                 continue
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
@@ -650,19 +651,6 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
 
 #: In the folder clients call: which runtime wrote it and its companion model folders.
 EXPORT_RECORD = "linnet_export.json"
-def _graph_entry(file: str) -> str | None:
-    """The entry an ONNX export file belongs to: `model.<entry>.onnx` or a computed default's
-    `default.<entry>.<param>.onnx`; None for the whole graph and the weights."""
-    parts = file.split(".")
-    if parts[0] == "model" and len(parts) == 3 and parts[2] == "onnx":
-        return parts[1]
-    if parts[0] == "default" and len(parts) == 4 and parts[3] == "onnx":
-        return parts[1]
-    return None
-
-
-#: The weights file shared by model.onnx and the per-output models.
-WEIGHTS = "weights.bin"
 
 
 def _earlier_companions(folder: Path) -> list[str]:
@@ -696,8 +684,8 @@ def _write_graphs(graphs: Path, io: TritonIO) -> None:
     if [o.name for o in model.graph.output] != served:  # an entry set was chosen
         model = cut_to_output(model, served)
     onnx.save(model, str(graphs / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=WEIGHTS, size_threshold=1024)
-    for path in old_data - {graphs / WEIGHTS}:
+              location=WEIGHTS_FILE, size_threshold=1024)
+    for path in old_data - {graphs / WEIGHTS_FILE}:
         path.unlink(missing_ok=True)
     for name in served:
         cut = cut_to_output(model, name)
@@ -822,7 +810,7 @@ def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, options: Serv
         version = staging / output_model_name(io, output.name) / "1"
         version.mkdir(parents=True)
         shutil.move(str(graphs / f"model.{output.name}.onnx"), version / "model.onnx")
-        _share(graphs / WEIGHTS, version / WEIGHTS)
+        _share(graphs / WEIGHTS_FILE, version / WEIGHTS_FILE)
         if io.ragged:
             _check_ragged_onnx(io, output, version / "model.onnx")
         else:
