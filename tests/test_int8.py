@@ -45,6 +45,8 @@ def _ops(session) -> list[str]:
 
 def test_int8_encode_is_within_budget_of_sentence_transformers(int8, texts, reference):
     plan = int8.info.precision
+    # The plan measured several candidates; the folder keeps only the chosen one's graph.
+    assert not [p.name for p in int8.runtime.folder.iterdir() if ".candidate" in p.name]
     assert plan["plan"] == "int8" and plan["quantised"] > 0
     assert 1 - plan["mean_cosine"] <= 0.005 and plan["min_cosine"] >= 0.98  # on the calibration texts
     cos = cosines(int8.encode(texts, show_progress_bar=False), reference)
@@ -69,11 +71,15 @@ def test_a_tight_budget_keeps_more_matrices_f32(minilm_checkpoint, int8, texts, 
 
 
 def test_an_impossible_budget_is_refused(minilm_checkpoint):
+    folder = _load(minilm_checkpoint).runtime.folder
+    before = {p.name for p in folder.iterdir()}
     with pytest.raises(LinnetError) as caught:
         _load(minilm_checkpoint, precision="int8", max_cosine_loss=0, min_cosine=1,
               calibration=default_calibration()[:8])
     assert caught.value.code == codes.INT8_BUDGET
     assert "best mean cosine" in str(caught.value) and "8 calibration texts" in str(caught.value)
+    # Every plan it measured was a quantised graph on disk; none is left in the export folder.
+    assert {p.name for p in folder.iterdir()} == before
 
 
 def test_f32_stays_exact(minilm_checkpoint, texts, reference):

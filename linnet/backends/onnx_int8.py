@@ -117,8 +117,12 @@ def group_of(node: str) -> str:
     return re.sub(r"\.\d+\.", ".*.", node)
 
 
-def quantised_file(folder: Path, file: str, kept_f32: tuple[str, ...]) -> Path:
-    """`file` of the export with every dense matrix but `kept_f32` in int8, written beside it once."""
+def quantised_file(folder: Path, file: str, kept_f32: tuple[str, ...], *, candidate: bool = False) -> Path:
+    """`file` of the export with every dense matrix but `kept_f32` in int8, written beside it once.
+
+    A `candidate` (a plan being measured) goes to a name of this process's own, so the
+    candidates `plan` rejects can be removed without racing another process;
+    `_settle_candidates` gives the chosen one its shared name."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -127,6 +131,10 @@ def quantised_file(folder: Path, file: str, kept_f32: tuple[str, ...]) -> Path:
     path = folder / f"{Path(file).stem}.int8-{digest}.onnx"
     if path.is_file():
         return path
+    if candidate:
+        path = path.with_name(f"{path.stem}.candidate{os.getpid()}.onnx")
+        if path.is_file():
+            return path
     model = onnx.load(str(folder / file))  # with its weights (external data beside it)
     as_matmuls(model)
     temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -134,6 +142,18 @@ def quantised_file(folder: Path, file: str, kept_f32: tuple[str, ...]) -> Path:
                      nodes_to_exclude=list(kept_f32), extra_options={"MatMulConstBOnly": True})
     os.replace(temporary, path)
     return path
+
+
+def _settle_candidates(candidates: list[Path], chosen: Path | None) -> None:
+    """Give the chosen candidate its shared name and remove the rest: each plan measures up to
+    one file per group of matrices, and an export folder should keep only what loads use."""
+    for path in candidates:
+        if not path.name.endswith(f".candidate{os.getpid()}.onnx"):
+            continue  # a shared file that was there already
+        if path == chosen:
+            os.replace(path, path.with_name(path.name.replace(f".candidate{os.getpid()}", "")))
+        else:
+            path.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------- the plan
@@ -200,10 +220,12 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
         groups.setdefault(group_of(node), []).append(node)
     reference = model.encode(texts, show_progress_bar=False)
     tried: list = []
+    candidates: dict[frozenset, Path] = {}
 
     def measure(kept_groups: list[str]) -> tuple[float, float]:
         kept = tuple(n for g in kept_groups for n in groups[g])
-        session = runtime.open_file(quantised_file(runtime.folder, file, kept).name)
+        path = candidates[frozenset(kept)] = quantised_file(runtime.folder, file, kept, candidate=True)
+        session = runtime.open_file(path.name)
         previous = runtime.sessions.get(ENTRY)
         runtime.sessions[ENTRY] = session
         try:
@@ -238,7 +260,10 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
                 result = measure(kept_groups)
                 if fits(result):
                     break
-    if result is None or not fits(result):
+    kept = [n for g in kept_groups for n in groups[g]]
+    found = result is not None and fits(result)
+    _settle_candidates(list(candidates.values()), candidates.get(frozenset(kept)) if found else None)
+    if not found:
         best = max(tried, key=lambda t: (t[1], t[2])) if tried else None
         raise LinnetError(Diagnostic(codes.INT8_BUDGET, (
             f"precision='int8': no plan with a matrix in int8 meets the budget (mean cosine loss <= "
@@ -246,7 +271,6 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
             f"`{ENTRY}`; measured {len(tried)} plans, the best mean cosine {best[1]:.6f} (min {best[2]:.6f}) "
             f"keeping {len(best[0])} of {len(groups)} groups of matrices f32; raise max_cosine_loss or lower "
             "min_cosine, or load at f32")))
-    kept = [n for g in kept_groups for n in groups[g]]
     chosen = Int8Plan(len(nodes) - len(kept), kept, result[0], result[1], len(texts), float(max_cosine_loss),
                       float(min_cosine), tried)
     if cache_dir is not None:
