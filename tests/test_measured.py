@@ -43,6 +43,19 @@ def test_unreadable_or_foreign_cache_reads_empty(tmp_path):
     assert cache.read(tmp_path) == {"k": _Pick("x", 2.0)}
 
 
+def test_one_foreign_record_does_not_hide_the_others(tmp_path):
+    # A record an older version wrote (an extra field) once emptied the whole machine's cache,
+    # and since it was never overwritten every torch load measured every Linear shape again.
+    cache = _cache("m")
+    path = cache.path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"m": {"old": {"name": "x", "speedup": 1.0, "one_row_speedup": 0.5},
+                                      "good": {"name": "onednn", "speedup": 1.7}, "junk": [1, 2]}}))
+    assert cache.read(tmp_path) == {"good": _Pick("onednn", 1.7)}
+    cache.record(tmp_path, {"old": _Pick("default", 1.1)})  # measured again, it replaces the old record
+    assert cache.read(tmp_path) == {"good": _Pick("onednn", 1.7), "old": _Pick("default", 1.1)}
+
+
 def test_each_tuner_keeps_its_own_file(tmp_path):
     files = {torch_kernels._cache_file(tmp_path), onnx_options._cache_file(tmp_path), xla_options._cache_file(tmp_path)}
     assert {p.name for p in files} == {"torch-linear.json", "onnx-session.json", "xla-options.json"}

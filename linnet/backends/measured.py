@@ -71,10 +71,15 @@ def read_choices(path: Path | None, machine: str, kind: type) -> dict:
     cache (`path` None), it is unreadable, or another version of the caller wrote it."""
     if path is None:
         return {}
-    try:
-        return {k: kind(**v) for k, v in read_decisions(path, machine).items()}
-    except TypeError:  # fields of another version of the record
-        return {}
+    choices = {}
+    for key, fields in read_decisions(path, machine).items():
+        # One record another version wrote (other fields) is measured again and overwritten;
+        # it must not hide the rest, or every load measures every shape again.
+        try:
+            choices[key] = kind(**fields)
+        except TypeError:
+            continue
+    return choices
 
 
 def record_decisions(path: Path, machine: str, decisions: dict[str, dict]) -> None:
