@@ -232,8 +232,8 @@ BAD_GENERIC_VALUE: Final = _register("E0503", "bad-generic-value", "instantiate"
 UNKNOWN_GENERIC: Final = _register("E0504", "unknown-generic", "instantiate",
     "`[generics]` or `--set` names a generic the root block does not have")
 IMPOSSIBLE_SHAPE: Final = _register("E0505", "impossible-shape", "instantiate",
-    "a shape that cannot exist with the concrete values (a negative dim, a division by zero, a sub "
-    "array of length 0), or a model of more than 100,000 block instances")
+    "a shape that cannot exist with the concrete values (a negative dim, a division by zero, a "
+    "collecting loop over a sub array of length 0), or a model of more than 100,000 block instances")
 SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate",
     "`--set` given for a file or package: values can only be set for a zoo entry")
 BAD_MEMBER_VALUE: Final = _register("E0507", "bad-member-value", "instantiate",
