@@ -11,11 +11,16 @@ loaded with `nest.load(folder)` and `nest.load("hf:...")`. Compared with transfo
 * greedy `generate` token-identical to transformers' `generate(do_sample=False)`;
 * a sliding window that masks nothing (window >= max positions) is accepted and matches;
   one that would mask keys, unknown layer types and scaled RoPE are refused by name (E1106);
-* the zoo entry `qwen2.5-0.5b-instruct` has Qwen2.5-0.5B's parameter count.
+* the zoo entry `qwen2.5-0.5b-instruct` has Qwen2.5-0.5B's parameter count, and a copy of it at
+  tiny sizes runs a transformers-written tied checkpoint given as `weights=` (its nest.toml's
+  bindings, end to end).
 """
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +31,7 @@ from linnet import nest
 from linnet.diagnostics import LinnetError
 from linnet.nest.families import FAMILIES
 
+ZOO = Path(__file__).resolve().parent.parent / "nest"
 #: f32 parity bound.
 BOUND = 1e-5
 #: GQA (4 query heads, 2 key/value heads), a RoPE base that rotates visibly at these positions.
@@ -210,3 +216,22 @@ def test_the_zoo_entry_has_qwen2_5_0_5bs_parameter_count():
     per_layer = 2 * d * d + d + 2 * (kv_width * d + kv_width) + 3 * inner * d + 2 * d
     expected = vocab * d + layers * per_layer + d
     assert sum(int(np.prod(p.shape)) for p in params) == expected == 494_032_768
+
+
+def test_the_zoo_entry_at_tiny_sizes_runs_a_transformers_checkpoint_given_as_weights(tmp_path):
+    """The entry's own nest.toml (source, root, qwen2 layout, QkvBias) with only the sizes
+    changed: a tied Qwen2 saved by transformers binds completely and gives its logits."""
+    entry = tmp_path / "qwen2.5-0.5b-instruct"
+    shutil.copytree(ZOO / "qwen2.5-0.5b-instruct", entry)
+    toml = entry / "nest.toml"
+    text = toml.read_text()
+    sizes = dict(Vocab=101, MaxPositions=64, D=32, Heads=4, KvHeads=2, Inner=48, Layers=2, Theta=500.0)
+    for name, value in sizes.items():
+        text, count = re.subn(rf"^{name} = .*$", f"{name} = {value}", text, flags=re.M)
+        assert count == 1, name
+    toml.write_text(text.replace("eos_token_id = 151645", "eos_token_id = 2"))
+    reference_model = qwen2_model(7, tie_word_embeddings=True)
+    reference_model.save_pretrained(tmp_path / "checkpoint", safe_serialization=True)
+    model = nest.load(entry, weights=tmp_path / "checkpoint" / "model.safetensors")
+    assert model.info.report.unused_keys == [] and model.manifest.generics["QkvBias"] == 1
+    assert_matches(model, reference_model)
