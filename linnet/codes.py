@@ -407,7 +407,8 @@ HF_ARCHITECTURE: Final = _register("E1105", "hf-architecture", "hf",
     "`hf:` or a folder: the repo's `architectures[0]` is not one of the transformers classes its family builds")
 HF_UNSUPPORTED_CONFIG: Final = _register("E1106", "hf-unsupported-config", "hf",
     "`hf:` or a folder: the config asks for what the family's source does not compute (an activation it "
-    "lacks, relative positions, a decoder, heads that do not divide the width, a QA head without two labels)")
+    "lacks, relative positions, scaled RoPE, a sliding attention window, a decoder, heads that do not divide "
+    "the width, a QA head without two labels)")
 HF_BAD_SHARD_INDEX: Final = _register("E1107", "hf-bad-shard-index", "hf",
     "`hf:`: the repo's `model.safetensors.index.json` is not a valid shard index")
 HF_UNTIED_DECODER: Final = _register("E1108", "hf-untied-decoder", "hf",
