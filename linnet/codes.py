@@ -232,8 +232,8 @@ BAD_GENERIC_VALUE: Final = _register("E0503", "bad-generic-value", "instantiate"
 UNKNOWN_GENERIC: Final = _register("E0504", "unknown-generic", "instantiate",
     "`[generics]` or `--set` names a generic the root block does not have")
 IMPOSSIBLE_SHAPE: Final = _register("E0505", "impossible-shape", "instantiate",
-    "a shape that cannot exist with the concrete values (a negative dim, a division by zero, a sub "
-    "array of length 0), or a model of more than 100,000 block instances")
+    "a shape that cannot exist with the concrete values (a negative dim, a division by zero, a "
+    "collecting loop over a sub array of length 0), or a model of more than 100,000 block instances")
 SET_OUTSIDE_ENTRY: Final = _register("E0506", "set-outside-entry", "instantiate",
     "`--set` given for a file or package: values can only be set for a zoo entry")
 BAD_MEMBER_VALUE: Final = _register("E0507", "bad-member-value", "instantiate",
@@ -407,7 +407,8 @@ HF_ARCHITECTURE: Final = _register("E1105", "hf-architecture", "hf",
     "`hf:` or a folder: the repo's `architectures[0]` is not one of the transformers classes its family builds")
 HF_UNSUPPORTED_CONFIG: Final = _register("E1106", "hf-unsupported-config", "hf",
     "`hf:` or a folder: the config asks for what the family's source does not compute (an activation it "
-    "lacks, relative positions, a decoder, heads that do not divide the width, a QA head without two labels)")
+    "lacks, relative positions, scaled RoPE, a sliding attention window, a decoder, heads that do not divide "
+    "the width, a QA head without two labels)")
 HF_BAD_SHARD_INDEX: Final = _register("E1107", "hf-bad-shard-index", "hf",
     "`hf:`: the repo's `model.safetensors.index.json` is not a valid shard index")
 HF_UNTIED_DECODER: Final = _register("E1108", "hf-untied-decoder", "hf",

@@ -520,3 +520,53 @@ block M<D: Dim> {
 """)
     assert [d.code for d in error.diagnostics] == ["E0210"]
     assert "without a default" in str(error)
+
+
+EMPTY_ARRAY = """
+block Shift<D: Dim> {
+    param b: Tensor[D; f32]
+
+    pub fn forward<B: Dim>(x: Tensor[B, D; f32]) -> Tensor[B, D; f32] {
+        return x + b
+    }
+}
+block Model<D: Dim, N: Dim> {
+    param w: Tensor[D; f32]
+    sub shifts: [Shift<D>; N]
+
+    pub entry forward<B: Dim>(x: Tensor[B, D; f32]) -> Tensor[B, D; f32] {
+        var y = x * w
+        static for s in shifts {
+            y = s.forward(y)
+        }
+        return y
+    }
+
+    pub entry stacked<B: Dim>(x: Tensor[B, D; f32]) -> Tensor[N + 1, B, D; f32] {
+        var y = x
+        let ys = static for s in shifts collect y {
+            y = s.forward(y)
+        }
+        return ys
+    }
+}
+"""
+
+
+def test_an_empty_sub_array_has_no_params_and_its_loop_runs_no_pass(tmp_path):
+    """`[Block; 0]` is how a generic switches a part off (std's MaybeBiasLinear): no params, the
+    loop lowered to nothing, the rest of the function as written; collecting over it is E0505."""
+    from linnet.middle import ir
+    from linnet.middle.lower import lower
+
+    checked = check_source(tmp_path, EMPTY_ARRAY)
+    one, none = instantiate(checked, "Model", {"D": 4, "N": 1}), instantiate(checked, "Model", {"D": 4, "N": 0})
+    assert [p.name for p in one.params] == ["w", "shifts.0.b"] and [p.name for p in none.params] == ["w"]
+    with pytest.raises(LinnetError) as info:
+        lower(none)
+    assert [d.code for d in info.value.diagnostics] == ["E0505"]
+    assert "collect" in info.value.diagnostics[0].message and "`shifts`" in info.value.diagnostics[0].message
+    checked = check_source(tmp_path, EMPTY_ARRAY.split("    pub entry stacked")[0] + "}\n")
+    program = lower(instantiate(checked, "Model", {"D": 4, "N": 0}))
+    assert not any(isinstance(stmt, ir.Loop) for fn in program.functions.values() for stmt in fn.body)
+    assert all(sub.count != 0 for block in program.blocks.values() for sub in block.subs)

@@ -282,7 +282,7 @@ def test_a_declared_layout_is_read_with_its_spellings(tmp_path):
 
 @pytest.mark.parametrize("value, code, message", [
     ('{ layout = "t5", prefix = "" }', "E0912",
-     '[weights].bindings.layout must name a declared layout ("bert", "gpt2", "llama", "vit", "modernbert"), found "t5"'),
+     '[weights].bindings.layout must name a declared layout ("bert", "gpt2", "llama", "qwen2", "vit", "modernbert"), found "t5"'),
     ('{ layout = "bert", prefix = "model." }', "E0912",
      '[weights].bindings.prefix must be one the "bert" layout\'s checkpoints use: "bert." (every BertFor* '
      'class); "" (BertModel); found "model."'),

@@ -103,13 +103,15 @@ TRANSFORMERS_CLASS = {"PreTraining": "BertForPreTraining", "Model": "BertModel",
                       "ImageClassification": "ViTForImageClassification"}
 #: Families whose entries bind one class whatever the root (GPT2Model: the original,
 #: unprefixed checkpoints' keys).
-FAMILY_CLASS = {"gpt2": "GPT2Model", "llama": "LlamaForCausalLM", "modernbert": "ModernBertForMaskedLM"}
+FAMILY_CLASS = {"gpt2": "GPT2Model", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "modernbert": "ModernBertForMaskedLM"}
 #: Small sizes for the checkpoint transformers writes, per family (the layer count stays the entry's).
 TINY = {
     "bert": {"Vocab": 11, "MaxPositions": 16, "TypeVocab": 2, "D": 8, "Heads": 2, "Inner": 16},
     "vit": {"Image": 8, "Patch": 4, "Channels": 3, "D": 8, "Heads": 2, "Inner": 16, "Labels": 5, "H": 8, "W": 8},
     "gpt2": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 32},
     "llama": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "KvHeads": 1, "Inner": 12},
+    "qwen2": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "KvHeads": 1, "Inner": 12},
     "modernbert": {"Vocab": 11, "MaxPositions": 16, "D": 8, "Heads": 2, "Inner": 12, "Window": 2},
 }
 
@@ -123,6 +125,11 @@ def _transformers_config(family: str, layers: int):
                                        n_head=tiny["Heads"], n_layer=layers)
     if family == "llama":  # tied, as the zoo's entry: the checkpoint stores the token table once
         return transformers.LlamaConfig(vocab_size=tiny["Vocab"], max_position_embeddings=tiny["MaxPositions"],
+                                        hidden_size=tiny["D"], num_attention_heads=tiny["Heads"],
+                                        num_key_value_heads=tiny["KvHeads"], intermediate_size=tiny["Inner"],
+                                        num_hidden_layers=layers, tie_word_embeddings=True)
+    if family == "qwen2":  # tied, as the zoo's entry; q/k/v with biases (Qwen2Attention's own)
+        return transformers.Qwen2Config(vocab_size=tiny["Vocab"], max_position_embeddings=tiny["MaxPositions"],
                                         hidden_size=tiny["D"], num_attention_heads=tiny["Heads"],
                                         num_key_value_heads=tiny["KvHeads"], intermediate_size=tiny["Inner"],
                                         num_hidden_layers=layers, tie_word_embeddings=True)

@@ -356,9 +356,9 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
                 errors.append(_bad_dims(block, f"sub array `{prefix + name}`", str(exc), span, env, origins,
                                         sub.count))
                 continue
-            if count <= 0:  # an empty array has no element to give its type a concrete block
+            if count < 0:
                 errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} "
-                                        f"is {count}; a sub array needs at least one element", span, env,
+                                        f"is {count}; a sub array's length cannot be negative", span, env,
                                         origins, sub.count))
                 continue
             if count > budget[0]:

@@ -189,6 +189,8 @@ class Lowerer:
         params = [(name, _concrete(t, inst.env)) for name, (t, _) in sig.params.items()]
         subs = []
         for name, child in inst.children.items():
+            if child == []:  # an empty sub array: no element, nothing for the program to name
+                continue
             if isinstance(child, list):
                 subs.append(ir.Sub(name, self._block_id(child[0]), len(child)))
             else:
@@ -274,6 +276,12 @@ class Lowerer:
         if isinstance(stmt, ast.Return):
             return [ir.Return(self._expr(stmt.value, scope), line)]
         if isinstance(stmt, ast.StaticFor):
+            if scope.block.children[stmt.iterable] == []:  # an empty array: no pass, nothing to run
+                if stmt.collect is not None:
+                    raise LinnetError(Diagnostic(codes.IMPOSSIBLE_SHAPE, f"`static for ... collect` over the "
+                                                 f"sub array `{stmt.iterable}`, which has no element here; a "
+                                                 f"collecting loop needs at least one pass", stmt.span))
+                return []
             return [self._loop(stmt, scope)]
         if isinstance(stmt, ast.IfSome):
             # Decided here: the instantiation knows whether the Option was passed.

@@ -136,6 +136,19 @@ LLAMA = Layout(
     prefixes={"": "LlamaForCausalLM"},
 )
 
+#: The same Llama source with `QkvBias = 1` against transformers' Qwen2ForCausalLM: the Llama
+#: keys plus the q/k/v projections' biases (o_proj and the MLP have none). The source's
+#: `MaybeBiasLinear` keeps its bias in an array of one `Bias` block (`q_proj.bias.0.bias`),
+#: which the checkpoint stores as `q_proj.bias`.
+QWEN2 = Layout(
+    name="qwen2",
+    summary="the Llama source's params (with q/k/v biases) as transformers' Qwen2ForCausalLM stores them",
+    rules=LLAMA.rules + _rules(
+        (r"(model\.layers\.\d+\.self_attn\.[qkv]_proj)\.bias\.0\.bias", r"{P}\1.bias"),
+    ),
+    prefixes={"": "Qwen2ForCausalLM"},
+)
+
 #: The ModernBERT source (`nest/modernbert-base/src/lib.linnet`) against transformers'
 #: ModernBertModel (no prefix) and ModernBertForMaskedLM (`model.`). The source's layer 0 is
 #: its own block `first` (it has no `attn_norm`), and its array `layers.N` is checkpoint layer
@@ -165,7 +178,7 @@ MODERNBERT = Layout(
 )
 
 #: Every declared layout by the name nest.toml gives it.
-LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, LLAMA, VIT, MODERNBERT)}
+LAYOUTS = {layout.name: layout for layout in (BERT, GPT2, LLAMA, QWEN2, VIT, MODERNBERT)}
 
 #: The two LayerNorm spellings, by the name nest.toml gives them: the suffixes the table
 #: writes (torch's), and what each becomes.

@@ -268,11 +268,11 @@ def describe(value: Any) -> str:
 def _registry() -> dict[str, Family]:
     from .bert import BertFamily
     from .gpt2 import Gpt2Family
-    from .llama import LlamaFamily
+    from .llama import LlamaFamily, Qwen2Family
     from .modernbert import ModernBertFamily
     from .vit import VitFamily
 
-    families = [BertFamily(), Gpt2Family(), LlamaFamily(), VitFamily(), ModernBertFamily()]
+    families = [BertFamily(), Gpt2Family(), LlamaFamily(), Qwen2Family(), VitFamily(), ModernBertFamily()]
     return {model_type: family for family in families for model_type in family.model_types}
 
 
