@@ -163,6 +163,27 @@ def test_onnx_decoder_graphs_have_optimum_names_and_dims(models):
     assert list(outputs) == ["logits"] + present and outputs["present.1.key"] == ["B", HEADS, "S", DH]
 
 
+def test_onnx_step_copies_each_layers_cache_once(models):
+    """The step graph grows each layer's keys and values by one concat of the input with the new
+    position, which is also what that layer attends over; the stacked cache
+    [Layers + 1, 2, B, Heads, P, Dh] the entry is written over, and its slices, are gone
+    (`onnx_views.forward_views`)."""
+    import onnx
+
+    model = onnx.load(str(models("onnx").runtime.folder / STEP_FILE), load_external_data=False)
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    for past, present in zip(past_names(LAYERS), present_names(LAYERS)):
+        node = producer[present]
+        assert node.op_type == "Concat" and node.input[0] == past, (present, node.op_type, list(node.input))
+        assert sorted(n.op_type for n in graph.node if past in n.input and n.op_type != "Shape") == ["Concat"], past
+        assert [n.op_type for n in graph.node if present in n.input], f"nothing attends over {present}"
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    stacked = [v.name for v in inferred.value_info
+               if [d.dim_value for d in v.type.tensor_type.shape.dim][:2] == [LAYERS + 1, 2]]
+    assert not stacked, stacked
+
+
 def test_onnx_past_key_value_steps_equal_the_entries(models):
     model = models("onnx")
     steps = model.runtime.decoder_steps()

@@ -24,6 +24,7 @@ entry runs, and each layer's key and value are sliced out of its result.
 from __future__ import annotations
 
 from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type
+from .onnx_views import forward_views
 from ..middle import ir
 
 #: optimum's file names for the two graphs.
@@ -88,9 +89,14 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     params = [n for n, _ in entry.inputs]
     # The entry's dims (B, S or P) read from the values it is called with.
     em._dim_sources = {dim: (args[params.index(param)], axis) for dim, (param, axis) in entry.dim_sources.items()}
+    if past:  # the stacked cache's dims read from the first layer's keys, [B, Heads, P, Dh] = its axes 2..5
+        em._dim_sources = {dim: ("past_key_values.0.key", axis - 2) if value == args[1] and axis >= 2 else (value, axis)
+                           for dim, (value, axis) in em._dim_sources.items()}
     cache = em.call(entry.function, args, "")
     # next_logits calls its cache's length P too: a new dim, read from this cache.
-    em._dims, em._dim_sources = {}, {"B": (cache, 2), "P": (cache, 4)}
+    # Read from the mask, which spans the cache's positions: a read of the cache's own shape
+    # would keep the whole grown cache computed where only its slices are needed.
+    em._dims, em._dim_sources = {}, {"B": (mask, 0), "P": (mask, 1)}
     scores = em.call(program.entries["next_logits"].function, [cache], "")
     em.reserve("logits")
     em.node("Unsqueeze", [scores, em.constant([1], "i64", (1,))], float_type, scope="logits",
@@ -108,8 +114,9 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
                               doc_string=f"{name}: {doc}, inputs and outputs as optimum names them")
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="linnet")
     model.ir_version = IR_VERSION
+    forward_views(model)  # the cache's stacking, slot slices and growth concat: one copy a layer
     return ModelFile(STEP_FILE if past else PREFILL_FILE, [], model,
-                     {t.name: em.weights[t.name] for t in initializers if t.name in em.weights})
+                     {t.name: em.weights[t.name] for t in model.graph.initializer if t.name in em.weights})
 
 
 def _stacked_cache(em: GraphEmitter, stream: int, layers: int, float_type: int) -> str:
@@ -124,7 +131,10 @@ def _stacked_cache(em: GraphEmitter, stream: int, layers: int, float_type: int) 
         slots.append(em.node("Concat", [key, value], float_type, scope="cache", doc=doc, axis=1))
     from onnx import helper
 
-    shape = em.node("Shape", [slots[0]], elem_type("i64"), scope="cache", doc="one slot's shape")
+    # One slot's shape read from an input, not from a stacked slot (which would keep it computed).
+    first = em.node("Shape", ["past_key_values.0.key"], elem_type("i64"), scope="cache", doc="one layer's keys' shape")
+    shape = em.node("Concat", [em.constant([1, 2], "i64", (2,)), first], elem_type("i64"), scope="cache",
+                    doc="one slot's shape", axis=0)
     zero = em.node("ConstantOfShape", [shape], float_type, scope="cache",
                    doc="the stream's slots: its past positions, which a step only carries along",
                    value=helper.make_tensor("zero", float_type, [1], [0.0]))
