@@ -28,6 +28,7 @@ import torch
 
 from fixtures.hf_families import jitter, save_both
 from linnet import nest
+from test_llama import left_padded, reference  # the same tiny vocab (101) and pad id (0)
 from linnet.diagnostics import LinnetError
 from linnet.nest.families import FAMILIES
 
@@ -70,26 +71,6 @@ def load(saved, name, where, backend):
     if key not in _loaded:
         _loaded[key] = nest.load(saved[name].source(where), backend=backend)
     return _loaded[key]
-
-
-def left_padded(lengths, seed=0, vocab=TINY["vocab_size"], pad=TINY["pad_token_id"]):
-    """Random tokens left-padded to the longest, the mask, and the positions generate counts."""
-    rng = np.random.default_rng(seed)
-    width = max(lengths)
-    tokens = rng.integers(3, vocab, (len(lengths), width))
-    mask = np.zeros((len(lengths), width), np.int64)
-    for row, n in enumerate(lengths):
-        mask[row, width - n:] = 1
-    tokens[mask == 0] = pad
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    return tokens, mask, positions
-
-
-def reference(model, tokens, mask, positions):
-    with torch.no_grad():
-        out = model(torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions),
-                    output_hidden_states=True)
-    return out.logits.numpy(), torch.stack(out.hidden_states, 1).numpy()
 
 
 def assert_matches(model, reference_model):
