@@ -201,7 +201,7 @@ def _chosen_entries(ctx, program: ir.Program, entries) -> list:
     """The program's entries, or those `entries` names (entry or output names), in the order of
     the ONNX export's `model.onnx` outputs: the manifest's root entry first, then program order."""
     every = list(program.entries.values())
-    root = ctx.manifest.source.entry if getattr(ctx, "manifest", None) is not None else None
+    root = ctx.manifest.source.entry if ctx.manifest is not None else None
     every.sort(key=lambda e: e.name != root)  # stable: the rest keep program order
     if entries is None:
         return [e for e in every if _served_by_default(e, every[0])]
