@@ -109,3 +109,5 @@ def test_the_plan_is_read_back_not_measured_again(minilm_checkpoint, int8, monke
     assert again.info.precision == int8.info.precision
     with pytest.raises(AssertionError, match="measured again"):  # another budget is another plan
         _load(minilm_checkpoint, precision="int8", max_cosine_loss=0.004)
+    # The measurement failed after writing its first candidate graph; none is left behind.
+    assert not [p.name for p in int8.runtime.folder.iterdir() if ".candidate" in p.name]

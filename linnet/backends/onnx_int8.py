@@ -245,21 +245,25 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
         return 1.0 - mean <= max_cosine_loss and low >= min_cosine
 
     kept_groups: list[str] = []
-    result = measure(kept_groups)
-    if not fits(result) and len(groups) > 1:
-        # What each group costs alone (the rest f32); keep the costliest in f32 first.
-        alone = {g: measure([h for h in groups if h != g]) for g in groups}
-        if not any(fits(r) for r in alone.values()):
-            result = None
-        else:
-            for g in sorted(groups, key=lambda g: (alone[g][0], alone[g][1])):
-                kept_groups.append(g)
-                if len(kept_groups) == len(groups) - 1:
-                    result = alone[next(h for h in groups if h not in kept_groups)]
-                    break
-                result = measure(kept_groups)
-                if fits(result):
-                    break
+    try:
+        result = measure(kept_groups)
+        if not fits(result) and len(groups) > 1:
+            # What each group costs alone (the rest f32); keep the costliest in f32 first.
+            alone = {g: measure([h for h in groups if h != g]) for g in groups}
+            if not any(fits(r) for r in alone.values()):
+                result = None
+            else:
+                for g in sorted(groups, key=lambda g: (alone[g][0], alone[g][1])):
+                    kept_groups.append(g)
+                    if len(kept_groups) == len(groups) - 1:
+                        result = alone[next(h for h in groups if h not in kept_groups)]
+                        break
+                    result = measure(kept_groups)
+                    if fits(result):
+                        break
+    except BaseException:  # a failed measurement leaves no candidate behind either
+        _settle_candidates(list(candidates.values()), None)
+        raise
     kept = [n for g in kept_groups for n in groups[g]]
     found = result is not None and fits(result)
     _settle_candidates(list(candidates.values()), candidates.get(frozenset(kept)) if found else None)
