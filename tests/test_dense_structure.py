@@ -154,3 +154,78 @@ def test_onednn_runs_a_conv1d_layout_weight_and_gives_it_back_as_stored():
         got = module(x)
     assert torch.allclose(got, x @ stored + module.bias, atol=1e-5, rtol=1e-5)
     assert torch.equal(module.weight, stored) and torch.equal(module.state_dict()["weight"], stored)
+
+
+# ------------------------------------------- std's MaybeBiasLinear (Qwen2's and Llama's q/k/v)
+
+MAYBE_SOURCE = """\
+module maybe
+
+use std.nn.linear::{MaybeBiasLinear}
+
+pub block Model<D: Dim, Biased: Dim, T: Float = f32>
+where Biased <= 1 {
+    sub q: MaybeBiasLinear<D, D, Biased, T>
+    sub k: MaybeBiasLinear<D, 2 * D, Biased, T>
+    sub v: MaybeBiasLinear<D, D, Biased, T>
+
+    pub entry mix<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
+        return q.forward(x) * k.forward(x)[:, :, :D] + v.forward(x)
+    }
+}
+"""
+
+
+def _maybe_program(tmp_path_factory, biased: int) -> ir.Program:
+    entry = tmp_path_factory.mktemp(f"maybe{biased}") / "maybe-bias"
+    (entry / "src").mkdir(parents=True)
+    (entry / "src" / "lib.linnet").write_text(MAYBE_SOURCE, encoding="utf-8")
+    manifest = MANIFEST.replace('name = "dense-structure"', 'name = "maybe-bias"').replace(
+        'entry = "mix"', 'entry = "mix"').replace(f"D = {D}\n", f"D = {D}\nBiased = {biased}\n")
+    (entry / "nest.toml").write_text(manifest, encoding="utf-8")
+    (entry / "linnet.toml").write_text('[package]\nname = "maybe"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    return lower(compile_target(locate(entry)).instance)
+
+
+@pytest.mark.parametrize("biased", [0, 1])
+def test_maybe_bias_linear_is_a_dense_layer_with_its_bias_in_the_array(tmp_path_factory, biased):
+    """`var y = matmul(x, transpose(weight)); static for b in bias { y = b.forward(y) }; return y`
+    is `x W^T (+ b)`: with one Bias element its param `bias.0.bias`, with none no bias."""
+    program = _maybe_program(tmp_path_factory, biased)
+    for sub in program.blocks["Model"].subs:
+        form = dense_form(program, _forward(program, sub.block))
+        assert form is not None, sub.name
+        assert (form.weight, form.bias, form.out_in) == ("weight", "bias.0.bias" if biased else None, True)
+    paths = {p for p, _ in program.param_paths()}
+    assert ("q.bias.0.bias" in paths) == bool(biased)
+
+
+@pytest.mark.parametrize("biased", [0, 1])
+def test_maybe_bias_siblings_fuse_and_match_torch(tmp_path_factory, biased):
+    torch = pytest.importorskip("torch", reason="this test compares with torch, which must be installed")
+    from test_optimize import _torch_model
+
+    program = _maybe_program(tmp_path_factory, biased)
+    out = optimize(program, passes=("fuse_linears",))
+    ir.verify(out.program)
+    (fused,) = out.program.blocks["Model"].subs
+    assert fused.name == "q_k_v"
+    params = dict(out.program.blocks[fused.block].params)
+    assert params["weight"].dims == (const(4 * D), const(D)) and ("bias" in params) == bool(biased)
+    assert out.plan["q_k_v.weight"].sources == ("q.weight", "k.weight", "v.weight")
+    if biased:
+        assert out.plan["q_k_v.bias"].sources == ("q.bias.0.bias", "k.bias.0.bias", "v.bias.0.bias")
+    rng = np.random.default_rng(5)
+    original = {path: rng.standard_normal([d.as_int() for d in t.dims]).astype(np.float32)
+                for path, t in program.param_paths()}
+    model = _torch_model(out.program, bind_params(out, original))
+    x = torch.from_numpy(rng.standard_normal((2, 3, D)).astype(np.float32))
+    t = {k: torch.from_numpy(v) for k, v in original.items()}
+
+    def linear(name):
+        return torch.nn.functional.linear(x, t[f"{name}.weight"], t.get(f"{name}.bias.0.bias"))
+
+    expected = linear("q") * linear("k")[:, :, :D] + linear("v")
+    with torch.inference_mode():
+        got = model.mix(x)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)

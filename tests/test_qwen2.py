@@ -138,6 +138,30 @@ def test_a_sliding_window_that_masks_nothing_is_accepted_and_matches(tmp_path):
     assert_matches(nest.load(tmp_path, backend="torch"), reference_model)
 
 
+def test_biased_and_bias_free_projections_run_on_onednn_and_still_match(saved):
+    """q/k/v are std's `MaybeBiasLinear` (a bias array of one element here, none in Llama):
+    recognised as dense layers by structure, so the per-machine kernel choice may run them on
+    a packed oneDNN weight with their bias. Every dense layer of a `kernels="default"` load is
+    put on oneDNN here (whatever this CPU's timing would say), and the logits still match."""
+    from linnet.backends import torch_kernels
+    from linnet.backends.torch_runtime import torch_param_name
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.fail("this test needs torch built with oneDNN (mkldnn)")
+    model = nest.load(saved["untied"].folder, backend="torch", kernels="default")
+    runtime = model.runtime
+    forms = dict(torch_kernels.dense_instances(runtime.program))
+    for i in range(TINY["num_hidden_layers"]):
+        for p in "qkv":
+            assert forms[f"model.layers.{i}.self_attn.{p}_proj."].bias == "bias.0.bias", (i, p)
+        assert forms[f"model.layers.{i}.self_attn.o_proj."].bias is None
+    for prefix, form in forms.items():
+        torch_kernels.install_onednn(torch_kernels._submodule(runtime.model, prefix), form)
+    q_proj = runtime.model.get_submodule(torch_param_name("model.layers.0.self_attn.q_proj"))
+    assert q_proj.linnet_kernel == "onednn"
+    assert_matches(model, saved["untied"].model)
+
+
 # ------------------------------------------------------------------ what the source refuses
 
 

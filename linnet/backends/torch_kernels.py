@@ -61,7 +61,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         weight = _out_in_weight(module, form)
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
-        bias = None if form.bias is None else module._parameters[form.bias]
+        bias = None if form.bias is None else _param(module, form.bias)
         key = shape_key(weight)
         if key not in choices:
             choices[key] = cached.get(key) or probe(weight, bias)
@@ -158,6 +158,13 @@ def _out_in_weight(module, form: DenseForm):
     return weight if form.out_in else weight.t()
 
 
+def _param(module, path: str):
+    """The param at a path under `module`: `bias`, or `bias.0.bias` in a one-element sub-block
+    array (std's `MaybeBiasLinear`), read where it lives now, so a later `.to()` is seen."""
+    *subs, name = path.split(".")
+    return _submodule(module, "".join(f"{part}." for part in subs))._parameters[name]
+
+
 def _submodule(model, prefix: str):
     """The module at a Linnet instance prefix ("layers.0.up."), through `_modules`: a sub may
     share its name with an entry method (`mlm`), which hides it from `getattr`."""
@@ -215,7 +222,7 @@ def install_onednn(module, form: DenseForm | None = None) -> None:
         def forward(self, x):
             if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
                 return generated(x)
-            return _onednn_linear(x, packed, None if bias_name is None else self._parameters[bias_name])
+            return _onednn_linear(x, packed, None if bias_name is None else _param(self, bias_name))
         return forward
 
     for name in _linear_methods(module):
