@@ -339,7 +339,7 @@ BAD_REVISION: Final = _register("E0908", "bad-revision", "manifest",
     "`[weights].revision` is not a 40-hex-digit commit id")
 BAD_SHA256_PIN: Final = _register("E0909", "bad-sha256-pin", "manifest",
     "a `[weights].sha256` pin is not 64 hex digits, pins a file not in `[weights].files`, or a file of a "
-    "`[weights.package]` copy has no pin")
+    "`[weights.package]` copy has no pin (a `gguf` copy: its own `sha256`)")
 BAD_SOURCE: Final = _register("E0910", "bad-source", "manifest",
     "`[source]` does not give exactly one of `path` and `zoo`")
 BAD_SOURCE_ZOO: Final = _register("E0911", "bad-source-zoo", "manifest",
@@ -429,7 +429,8 @@ BAD_PIPELINE_FILE: Final = _register("E1112", "bad-pipeline-file", "hf",
 BAD_GGUF: Final = _register("E1113", "bad-gguf", "hf",
     "`nest.load(\"x.gguf\")`: the file is not a GGUF that gguf's reader can read (truncated, another "
     "format), or it holds what Linnet cannot load exactly: an architecture other than llama, a tensor "
-    "type other than F32/F16/Q4_0/Q4_1/Q8_0, a missing or unknown tensor, scaled RoPE")
+    "type other than F32/F16/Q4_0/Q4_1/Q8_0, a missing or unknown tensor, scaled RoPE; or, as a zoo "
+    "entry's `[weights.package]` copy, metadata that disagrees with the entry's generics")
 
 # -- tokenizer: building and calling tokenizers (nest/tokenizer.py)
 BAD_TOKENIZER_FILE: Final = _register("E1201", "bad-tokenizer-file", "tokenizer",

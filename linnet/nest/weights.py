@@ -39,7 +39,7 @@ from .. import codes, dtypes
 from ..arrays import Framework, framework as framework_named
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span, error
 from ..middle.params import ParamSpec
-from .hub import Located, cached_files, fetch_file, hub_cache_dir, packaged_files
+from .hub import CHECKPOINT_INSTEAD, Located, cached_files, fetch_file, hub_cache_dir, packaged_files, packaged_folder
 from .layouts import LayoutBindings
 from .manifest import Manifest, WeightsSpec
 
@@ -148,9 +148,14 @@ def locate_checkpoint(manifest: Manifest, *, revision: str | None = None,
     spec = _declared_weights(manifest)
     wanted = revision or spec.revision
     pinned = wanted == spec.revision
-    located = _from_cache(spec, wanted) or (_from_package(spec) if pinned else None)
+    located = _from_cache(spec, wanted) or (_from_package(manifest, spec) if pinned else None)
     if located is None:
-        located = Located([fetch_file(spec.repo, name, wanted) for name in spec.files], "hub",
+        instead = CHECKPOINT_INSTEAD
+        if pinned and spec.package is not None and packaged_folder(spec.package) is None:
+            instead += (f"; or install the Python distribution {spec.package.distribution}, which ships "
+                        f"{spec.package.gguf or 'them'} ([weights.package] in {manifest.dir / 'nest.toml'}): "
+                        "it is not installed")
+        located = Located([fetch_file(spec.repo, name, wanted, instead=instead) for name in spec.files], "hub",
                           f"the Hub ({spec.repo}@{wanted[:12]}), through the Hugging Face cache ({hub_cache_dir()})",
                           spec.files)
     if pinned and located.origin != "package":  # a packaged copy was verified as it was chosen
@@ -165,7 +170,9 @@ def _from_cache(spec: WeightsSpec, revision: str) -> Located | None:
     return Located(files, "cache", f"the Hugging Face cache ({hub_cache_dir()})", spec.files)
 
 
-def _from_package(spec: WeightsSpec) -> Located | None:
+def _from_package(manifest: Manifest, spec: WeightsSpec) -> Located | None:
+    if spec.package is not None and spec.package.gguf is not None:
+        return _from_packaged_gguf(manifest, spec)
     found = packaged_files(spec)
     if found is None:
         return None
@@ -174,6 +181,54 @@ def _from_package(spec: WeightsSpec) -> Located | None:
     log.info("the Hugging Face cache lacks %s@%s; using %s (sha256 verified)", spec.repo,
              spec.revision[:12], description)
     return Located(files, "package", description, spec.files)
+
+
+def _from_packaged_gguf(manifest: Manifest, spec: WeightsSpec) -> Located | None:
+    """`[weights.package]` with `gguf`: the installed distribution's GGUF file, sha256-checked,
+    converted once into a transformers-style folder (`linnet.nest.gguf`), whose metadata must
+    give the entry's own generics (a GGUF of another size or RoPE base is refused, E1113)."""
+    from importlib.metadata import version
+
+    from .gguf import gguf_folder
+
+    copy = spec.package
+    folder = packaged_folder(copy)
+    if folder is None:
+        log.debug("packaged copy %s is not installed", copy.distribution)
+        return None
+    file = folder / copy.gguf
+    if not file.is_file():
+        log.info("the installed %s lacks %s in %s; not using it", copy.distribution, copy.gguf, folder)
+        return None
+    description = (f"the installed package {copy.distribution} {version(copy.distribution)} ({file}, "
+                   "dequantised to f32)")
+    _verify_sha256(file, copy.sha256, description, f"reinstall {copy.distribution}")
+    converted = gguf_folder(file)
+    _check_packaged_generics(manifest, converted, file)
+    log.info("the Hugging Face cache lacks %s@%s; using %s (sha256 verified)", spec.repo, spec.revision[:12],
+             description)
+    return Located([converted / "model.safetensors"], "package", description, ("model.safetensors",))
+
+
+def _check_packaged_generics(manifest: Manifest, converted: Path, file: Path) -> None:
+    """The generics the GGUF's metadata gives (read as `nest.load(folder)` reads them) equal the
+    entry's: the binding checks see shapes only, not RoPE's base or the norms' epsilon."""
+    from .hf import folder_manifest
+
+    found = folder_manifest(converted).generics
+    differ = []
+    for name, declared in manifest.generics.items():
+        if name not in found or isinstance(declared, str):
+            continue
+        given = found[name]
+        same = (given == declared if isinstance(declared, int) and isinstance(given, int)
+                else abs(float(given) - float(declared)) <= 1e-6 * max(abs(float(declared)), 1e-30))
+        if not same:
+            differ.append(f"{name} = {given} (the entry's is {declared})")
+    if differ:
+        raise error(codes.BAD_GGUF, f"the GGUF file {file.name} that [weights.package] names does not describe "
+                                    f"zoo entry {manifest.name!r}: its metadata gives {', '.join(differ)}",
+                    None, Note(f"the file is {file}; the entry is {manifest.dir / 'nest.toml'}"))
 
 
 def _verify_pins(spec: WeightsSpec, files: list[Path], what: str,

