@@ -229,3 +229,82 @@ def test_maybe_bias_siblings_fuse_and_match_torch(tmp_path_factory, biased):
     with torch.inference_mode():
         got = model.mix(x)
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+SPLIT_SOURCE = """\
+module split
+
+use std.nn.linear::{{MaybeBiasLinear}}
+
+pub block Model<D: Dim, Biased: Dim, T: Float = f32>
+where Biased <= 1 {{
+    sub q: MaybeBiasLinear<D, D, Biased, T>
+    sub k: MaybeBiasLinear<D, D, Biased, T>
+    sub v: MaybeBiasLinear<D, D, Biased, T>
+
+{entry}
+}}
+"""
+
+#: k and v in statements of their own, on the entry's argument (the Llama source's
+#: `key_value`); q on a value the method computes, which is not the argument.
+SPLIT_MIX = """\
+    pub entry mix<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
+        let a = tanh(k.forward(x))
+        let b = v.forward(x) * a
+        let y = x * 2.0
+        return b + q.forward(y)
+    }"""
+
+#: k and v on a local reassigned between the calls: two different values.
+SPLIT_MOVED = """\
+    pub entry moved<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
+        var h = x
+        let a = k.forward(h)
+        h = h * 2.0
+        return a + v.forward(h) + q.forward(x)
+    }"""
+
+
+def _split_program(tmp_path_factory, entry_name: str, body: str) -> ir.Program:
+    entry = tmp_path_factory.mktemp(f"split-{entry_name}") / "split"
+    (entry / "src").mkdir(parents=True)
+    (entry / "src" / "lib.linnet").write_text(SPLIT_SOURCE.format(entry=body), encoding="utf-8")
+    manifest = MANIFEST.replace('name = "dense-structure"', 'name = "split"').replace(
+        'entry = "mix"', f'entry = "{entry_name}"').replace(f"D = {D}\n", f"D = {D}\nBiased = 1\n")
+    (entry / "nest.toml").write_text(manifest, encoding="utf-8")
+    (entry / "linnet.toml").write_text('[package]\nname = "split"\nversion = "0.1.0"\nlanguage = "0.1"\n')
+    return lower(compile_target(locate(entry)).instance)
+
+
+def test_calls_on_one_argument_fuse_across_statements_into_one_call(tmp_path_factory):
+    torch = pytest.importorskip("torch", reason="this test compares with torch, which must be installed")
+    from test_optimize import _torch_model
+
+    program = _split_program(tmp_path_factory, "mix", SPLIT_MIX)
+    out = optimize(program, passes=("fuse_linears",))
+    ir.verify(out.program)
+    assert sorted(s.name for s in out.program.blocks["Model"].subs) == ["k_v", "q"]
+    mix = out.program.functions[out.program.entries["mix"].function]
+    fused_calls = [e for e in ir.exprs(mix.body) if isinstance(e, ir.Call) and e.receiver == "k_v"]
+    assert len(fused_calls) == 1  # one GEMM for both statements, not one per statement
+    rng = np.random.default_rng(7)
+    original = {path: rng.standard_normal([d.as_int() for d in t.dims]).astype(np.float32)
+                for path, t in program.param_paths()}
+    model = _torch_model(out.program, bind_params(out, original))
+    x = torch.from_numpy(rng.standard_normal((2, 3, D)).astype(np.float32))
+    t = {k: torch.from_numpy(v) for k, v in original.items()}
+
+    def linear(name, h):
+        return torch.nn.functional.linear(h, t[f"{name}.weight"], t[f"{name}.bias.0.bias"])
+
+    expected = linear("v", x) * torch.tanh(linear("k", x)) + linear("q", x * 2.0)
+    with torch.inference_mode():
+        got = model.mix(x)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_calls_on_a_reassigned_local_do_not_fuse(tmp_path_factory):
+    program = _split_program(tmp_path_factory, "moved", SPLIT_MOVED)
+    out = optimize(program, passes=("fuse_linears",))
+    assert sorted(s.name for s in out.program.blocks["Model"].subs) == ["k", "q", "v"]

@@ -14,7 +14,9 @@ by the block's name: std's `Linear`, a bias-free one and GPT-2's `Conv1D` ([In, 
 alike.
 
 * `fuse_linears` — sibling dense sub-blocks (one layout, all with a bias or none) applied to
-  the same input in one statement
+  the same input in one statement, or to an argument the method never reassigns across its
+  statements (the Llama source's k and v, each in a `let` of its own: one fused call before
+  the first serves both)
   (BERT's query, key and value projections) become one `Linear` over the concatenated
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
   N = 3 D instead of three of N = D: the input is read once and the kernel's blocking is
@@ -166,6 +168,10 @@ def _linear_group(program: ir.Program, block: ir.Block) -> tuple[ir.Function, ob
     """
     best = None
     for fn in _block_functions(program, block.id):
+        stable = _stable_params(fn)
+        # Calls on an argument the method never reassigns group across its statements (the
+        # Llama source's `let k = ...k_proj.forward(x)` and `let v = ...v_proj.forward(x)`).
+        across: dict[tuple, tuple[object, list[ir.Call]]] = {}
         for stmt in fn.body:
             if isinstance(stmt, ir.Loop):
                 continue
@@ -174,13 +180,37 @@ def _linear_group(program: ir.Program, block: ir.Block) -> tuple[ir.Function, ob
                 if not _is_pure(e.args[0]) or not _rewritable(program, block, e.receiver):
                     continue
                 form = _dense(program, e)
-                group = by_input.setdefault((e.args[0], form.in_dim, form.dtype, form.out_in, form.bias is None), [])
+                key = (e.args[0], form.in_dim, form.dtype, form.out_in, form.bias is None)
+                group = by_input.setdefault(key, [])
                 if all(c.receiver != e.receiver for c in group):
                     group.append(e)
+                if isinstance(e.args[0], ir.Ref) and e.args[0].name in stable:
+                    first, calls = across.setdefault(key, (stmt, []))
+                    if all(c.receiver != e.receiver for c in calls):
+                        calls.append(e)
             for group in by_input.values():
                 if len(group) >= 2 and (best is None or len(group) > len(best[2])):
                     best = (fn, stmt, group)
+        for first, group in across.values():
+            if len(group) >= 2 and (best is None or len(group) > len(best[2])):
+                best = (fn, first, group)
     return best
+
+
+def _stable_params(fn: ir.Function) -> set[str]:
+    """The method's arguments that no statement (in a loop body either) assigns: a dense call
+    on one of them gives the same value in every statement."""
+    assigned: set[str] = set()
+
+    def visit(stmts) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ir.Loop):
+                visit(stmt.body)
+            elif isinstance(stmt, (ir.Assign, ir.Let)):
+                assigned.add(stmt.name)
+
+    visit(fn.body)
+    return {name for name, t in fn.params if t is not None and name not in assigned}
 
 
 def _rewritable(program: ir.Program, block: ir.Block, member: str) -> bool:
@@ -262,6 +292,10 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
     its input: one `let <member> = <member>.forward(x)` before the statement per distinct
     input.  Returns each rewritten statement as it was, with the subs it called."""
     taken = {n for n, _ in method.params} | ir.bound_names(method.body)
+    stable = _stable_params(method)
+    # One fused call per argument of the method for all its statements (it has one value
+    # throughout); any other input gets its own per statement.
+    shared: dict[ir.Expr, ir.Ref] = {}
     new_body, rewritten = [], []
     for stmt in method.body:
         calls = [] if isinstance(stmt, ir.Loop) else [
@@ -269,7 +303,8 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
         if not calls:
             new_body.append(stmt)
             continue
-        locals_by_input: dict[ir.Expr, ir.Ref] = {}
+        locals_by_input: dict[ir.Expr, ir.Ref] = {
+            k: v for k, v in shared.items() if any(c.args[0] == k for c in calls)}
         for call in calls:
             if call.args[0] not in locals_by_input:
                 fused = ir.TensorType(call.type.dims[:-1] + (const(total),), dtype)
@@ -278,6 +313,8 @@ def _calls_as_slices(method: ir.Function, rows: dict[str, tuple[int, int]], memb
                 new_body.append(ir.Let(local, ir.Call(fused_fn_id, (call.args[0],), fused, stmt.line, member),
                                        stmt.line))
                 locals_by_input[call.args[0]] = ir.Ref(local, fused)
+                if isinstance(call.args[0], ir.Ref) and call.args[0].name in stable:
+                    shared[call.args[0]] = locals_by_input[call.args[0]]
 
         def as_slice(e):
             if not (isinstance(e, ir.Call) and e.receiver in rows):
