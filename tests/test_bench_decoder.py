@@ -81,3 +81,25 @@ def test_the_reference_generates_every_token_though_its_end_of_text_id_comes(tmp
     out = reference.generate(tokens, 5)
     assert out.shape == (1, 11) and out[0, 6] == first
     assert np.array_equal(out[:, :6], tokens)
+
+
+def test_a_qwen2_folder_runs_as_its_own_entry_with_the_same_tokens(tmp_path, monkeypatch):
+    """`--model qwen2`'s path on a tiny Qwen2 (biased q/k/v) written by transformers: the folder
+    is loaded through the hf: family, and greedy tokens equal transformers' on torch."""
+    import transformers
+
+    from fixtures.hf_families import jitter
+
+    monkeypatch.setenv("LINNET_BENCH_CACHE", str(tmp_path / "cache"))
+    sizes = dict(decoder.QWEN2_CONFIG, vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.Qwen2Config(**sizes)
+    config.architectures = ["Qwen2ForCausalLM"]
+    jitter(transformers.Qwen2ForCausalLM(config), 0, scale=0.2).save_pretrained(tmp_path / "hf")
+    assert decoder.linnet_entry(tmp_path / "hf") == tmp_path / "hf"
+    out = tmp_path / "decoder.json"
+    assert decoder.main(["--weights", str(tmp_path / "hf"), "--quick", "--seq", "6", "--new-tokens", "5",
+                         "--methods", "linnet-torch,linnet-torch-auto-structural", "--out", str(out)]) == 0
+    methods = json.loads(out.read_text())["methods"]
+    for key in ("linnet-torch", "linnet-torch-auto-structural"):
+        assert methods[key]["error"] is None and methods[key]["same_tokens"] is True, (key, methods[key])
