@@ -81,7 +81,6 @@ def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd():
     weight, bias = module.weight.detach().clone(), module.bias.detach().clone()
     torch_kernels.install_onednn(module, lazy=True)
     assert "linnet_packed_weight" not in module.__dict__
-    threads = torch.get_num_threads()
     assert [name for name, _ in module.named_parameters()] == ["weight", "bias"]
     x = torch.randn(4, 48, requires_grad=True)
     out = module(x)  # autograd on: F.linear over the dense weight, and nothing packed
@@ -91,9 +90,7 @@ def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd():
     with torch.inference_mode():
         got = module(x.detach())
         assert float((got - F.linear(x.detach(), weight, bias)).abs().max()) <= 1e-5 * max(1.0, float(got.abs().max()))
-    # Packed now (on one thread, the caller's thread count given back), and from then on held
-    # once, as an eagerly installed one is.
-    assert torch.get_num_threads() == threads
+    # Packed now, and from then on held once, as an eagerly installed one is.
     assert "linnet_packed_weight" in module.__dict__
     assert [name for name, _ in module.named_parameters()] == ["bias"] and torch.equal(module.weight, weight)
     eager = torch.nn.Linear(48, 24)

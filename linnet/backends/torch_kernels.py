@@ -270,23 +270,13 @@ _PACK_LOCK = threading.Lock()
 
 
 def _reorder(weight):
-    """`weight` ([Out, In]) in oneDNN's blocked layout for `PROBE_ROWS`-row inputs, on one thread.
-
-    The reorder is a blocked copy, bound by memory (and, from a mapped checkpoint, by page
-    faults), and the same bytes at any thread count. On this project's 2 shared cores a
-    2-thread reorder waits for a descheduled sibling: bert-base's 48 encoder weights took
-    0.60 s at 2 threads and 0.20 s at one (one process, alternating, a busy neighbour on the
-    other core), and a new process's load + first forward 1.34 s against 1.12 s (medians of
-    6 each, interleaved). `torch.set_num_threads` sets the calling thread's OpenMP count
-    (restored here) and the default a later-initialised torch worker thread starts with."""
+    """`weight` ([Out, In]) in oneDNN's blocked layout for `PROBE_ROWS`-row inputs, at torch's
+    thread count. (One thread was tried: 3x faster with a busy neighbour on a 2-core machine,
+    but about 2x slower on a quiet one, where bert-base's load + first forward rose from 0.24
+    to 0.35 s, one interleaved run of 16; so the reorder keeps the threads every other op has.)"""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PROBE_ROWS)
-    finally:
-        torch.set_num_threads(threads)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PROBE_ROWS)
 
 
 def _pack(module, form: DenseForm):
