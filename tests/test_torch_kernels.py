@@ -309,6 +309,17 @@ def test_a_packed_weight_read_from_a_mapped_file_hands_its_pages_back(tmp_path):
         x = torch.randn(3, 256)
         want = torch.nn.functional.linear(x, weight, bias)
         assert float((module(x) - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
+    # With the file's ranges remembered, memory that is no file's keeps its values: a tensor
+    # in anonymous memory, and one whose pages were written (a private copy of the file's).
+    anonymous = torch.randn(256, 1024)
+    kept = anonymous.clone()
+    torch_kernels._release_mapped_pages(anonymous)
+    assert torch.equal(anonymous, kept)
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
+        written = handle.get_tensor("weight")
+    written.add_(1.0)
+    torch_kernels._release_mapped_pages(written)
+    assert torch.equal(written, torch.from_numpy(values) + 1.0)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
