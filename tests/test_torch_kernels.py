@@ -73,6 +73,118 @@ def test_an_installed_linear_holds_its_weight_once_and_gives_it_back_exactly():
     assert x.grad is not None and x.grad.shape == (4, 48)
 
 
+def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd():
+    import torch
+    import torch.nn.functional as F
+
+    module = torch.nn.Linear(48, 24)
+    weight, bias = module.weight.detach().clone(), module.bias.detach().clone()
+    torch_kernels.install_onednn(module, lazy=True)
+    assert "linnet_packed_weight" not in module.__dict__
+    assert [name for name, _ in module.named_parameters()] == ["weight", "bias"]
+    x = torch.randn(4, 48, requires_grad=True)
+    out = module(x)  # autograd on: F.linear over the dense weight, and nothing packed
+    assert torch.equal(out, F.linear(x, weight, bias)) and "linnet_packed_weight" not in module.__dict__
+    out.sum().backward()
+    assert x.grad is not None
+    with torch.inference_mode():
+        got = module(x.detach())
+        assert float((got - F.linear(x.detach(), weight, bias)).abs().max()) <= 1e-5 * max(1.0, float(got.abs().max()))
+    # Packed now, and from then on held once, as an eagerly installed one is.
+    assert "linnet_packed_weight" in module.__dict__
+    assert [name for name, _ in module.named_parameters()] == ["bias"] and torch.equal(module.weight, weight)
+    eager = torch.nn.Linear(48, 24)
+    with torch.no_grad():
+        eager.weight.copy_(weight), eager.bias.copy_(bias)
+    torch_kernels.install_onednn(eager)
+    with torch.inference_mode():
+        assert torch.equal(module(x.detach()), eager(x.detach()))
+
+
+def _onednn_modules(model) -> dict[str, object]:
+    return {name: m for name, m in model.runtime.model.named_modules() if getattr(m, "linnet_kernel", None) == "onednn"}
+
+
+def _packed(module) -> bool:
+    return "linnet_packed_weight" in module.__dict__
+
+
+def test_a_loaded_model_packs_each_linear_when_an_entry_first_runs_it(minilm_checkpoint, private_cache, monkeypatch):
+    """Nothing is packed at load; `forward` packs the encoder's Linears and leaves the pooler,
+    which only `pool` calls, dense; `pool` then packs it."""
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    chosen = _onednn_modules(model)
+    assert len(chosen) == 6 * 4 + 1 and "pooler.dense" in chosen
+    assert not [name for name, m in chosen.items() if _packed(m)]
+    assert all("weight" in dict(m.named_parameters()) for m in chosen.values())  # the dense weights stay
+    batch = model.tokenizer(TEXTS)
+    model(**batch)
+    assert [name for name, m in chosen.items() if not _packed(m)] == ["pooler.dense"]
+    assert "weight" in dict(chosen["pooler.dense"].named_parameters())
+    assert all("weight" not in dict(m.named_parameters()) for n, m in chosen.items() if n != "pooler.dense")
+    model.pool(batch.tokens, batch.token_types)
+    assert all(_packed(m) for m in chosen.values())
+    assert torch_kernels.pack_pending(model.runtime.model) == 0
+
+
+def test_packing_at_first_use_gives_the_bits_of_packing_at_load(minilm_checkpoint, private_cache, monkeypatch):
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    lazy = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    eager = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    assert torch_kernels.pack_pending(eager.runtime.model) == 6 * 4 + 1
+    assert all(_packed(m) for m in _onednn_modules(eager).values())
+    plain = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, kernels="default")
+    batch = lazy.tokenizer(TEXTS)
+    import torch
+
+    for entry in ("forward", "pool"):
+        args = (batch.tokens, batch.token_types) if entry == "pool" else ()
+        kwargs = {} if args else dict(batch)
+        got, want = getattr(lazy, entry)(*args, **kwargs), getattr(eager, entry)(*args, **kwargs)
+        assert torch.equal(torch.as_tensor(np.asarray(got)), torch.as_tensor(np.asarray(want))), entry
+        reference = np.asarray(getattr(plain, entry)(*args, **kwargs))  # and the default kernels' numbers
+        np.testing.assert_allclose(np.asarray(got), reference, atol=1e-5, rtol=0)
+
+
+def test_threads_whose_first_calls_meet_pack_each_weight_once(minilm_checkpoint, private_cache, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    want = np.asarray(nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, kernels="default")(
+        **model.tokenizer(TEXTS)))
+    reorder, packed = torch_kernels._reorder, []
+
+    def slow_reorder(weight):  # widens the window in which another thread could pack the same weight
+        time.sleep(0.002)
+        packed.append(weight.shape)
+        return reorder(weight)
+
+    monkeypatch.setattr(torch_kernels, "_reorder", slow_reorder)
+    results, errors = [None] * 4, []
+    start = threading.Barrier(4)
+
+    def call(i):
+        try:
+            start.wait()
+            results[i] = np.asarray(model(**model.tokenizer(TEXTS)))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(packed) == 6 * 4  # each encoder Linear once, whichever thread got there first
+    for got in results:
+        assert np.array_equal(got, results[0])
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
 def test_a_model_with_packed_weights_reads_back_the_checkpoint_exactly(minilm_checkpoint, private_cache,
                                                                        monkeypatch, tmp_path):
     """Every Linear packed (the probe forced to oneDNN), the dense pages handed back: state_dict
@@ -197,6 +309,17 @@ def test_a_packed_weight_read_from_a_mapped_file_hands_its_pages_back(tmp_path):
         x = torch.randn(3, 256)
         want = torch.nn.functional.linear(x, weight, bias)
         assert float((module(x) - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
+    # With the file's ranges remembered, memory that is no file's keeps its values: a tensor
+    # in anonymous memory, and one whose pages were written (a private copy of the file's).
+    anonymous = torch.randn(256, 1024)
+    kept = anonymous.clone()
+    torch_kernels._release_mapped_pages(anonymous)
+    assert torch.equal(anonymous, kept)
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
+        written = handle.get_tensor("weight")
+    written.add_(1.0)
+    torch_kernels._release_mapped_pages(written)
+    assert torch.equal(written, torch.from_numpy(values) + 1.0)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -228,12 +351,13 @@ def test_a_tied_lm_head_runs_packed_and_decodes_as_transformers(family, private_
         source, options, head, table, vocab = tmp_path / "hf", {}, "tied_head", "embed_tokens", 101
     auto = nest.load(source, backend="torch", **options)
     plain = nest.load(source, backend="torch", kernels="default", **options)
-    owners = [m for m in auto.runtime.model.modules() if head in getattr(m, "linnet_packed_methods", {})]
-    assert len(owners) == 1 and table in dict(owners[0].named_parameters())  # the embedding's table stays
+    owners = [m for m in auto.runtime.model.modules() if head in getattr(m, "linnet_onednn_methods", {})]
+    assert len(owners) == 1 and head not in owners[0].__dict__.get("linnet_packed_methods", {})  # packed at first use
     tokens = np.random.default_rng(4).integers(0, vocab - 1, (2, 9))
     with torch.no_grad():
         theirs = reference(torch.from_numpy(tokens)).logits.numpy()
     ours = np.asarray(auto(tokens))
+    assert head in owners[0].linnet_packed_methods and table in dict(owners[0].named_parameters())  # the table stays
     np.testing.assert_allclose(ours, np.asarray(plain(tokens)), atol=1e-5, rtol=0)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
     reference.generation_config.eos_token_id = None

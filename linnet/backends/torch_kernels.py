@@ -9,12 +9,18 @@ is faster and its result is within `TOLERANCE` of the default kernel's (relative
 output's magnitude). Decisions are cached per machine (CPU model, thread count, torch
 version) and shape under `$LINNET_CACHE/kernels/`, so later loads do not time again.
 
-A chosen Linear holds its weight once, packed: the dense tensor is let go and its pages of the
-memory-mapped checkpoint handed back (bert-base's Linear weights are ~340 MB; two copies put
-Linnet's peak RSS above transformers'), and `weight` gives it back on demand,
-`packed.to_dense()`, which reproduces the checkpoint's values exactly; so does `state_dict()`. The packed weight is used only while autograd is off (`nest.load` runs
-entries under `torch.inference_mode`); anything else (or `kernels="default"`) runs the
-generated `F.linear` over the dense weight. The inference model is inference-only: training
+A chosen Linear is packed when it is first run with autograd off, not at load (`lazy=True`,
+what `choose_and_apply` installs): a load then costs no packing at all, and a Linear no entry
+calls (bert-base's pooler and MLM transform under `forward`) is never packed. Packing is the
+same reorder whenever it runs, so the outputs are bit-identical to packing at load; one lock
+makes the first call from several threads pack each weight once, and `pack_pending` packs
+every chosen Linear now (before forking workers, say). Once packed, a Linear holds its weight
+once: the dense tensor is let go and its pages of the memory-mapped checkpoint handed back
+(bert-base's Linear weights are ~340 MB; two copies put Linnet's peak RSS above
+transformers'), and `weight` gives it back on demand, `packed.to_dense()`, which reproduces
+the checkpoint's values exactly; so does `state_dict()`. The packed weight is used only while
+autograd is off (`nest.load` runs entries under `torch.inference_mode`); anything else (or
+`kernels="default"`) runs the generated `F.linear` over the dense weight, and never packs. The inference model is inference-only: training
 uses `model.torch_module()` (`linnet.nest.training`), built apart with parameters of its own,
 and saving a loaded model reads the checkpoint.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +73,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         if key not in choices:
             choices[key] = cached.get(key) or probe(weight, bias)
         if choices[key].kernel == "onednn":
-            install_onednn(module, form)
+            install_onednn(module, form, lazy=True)
     for module, method, form in dense_heads(model, program):
         weight = module._parameters[form.weight]
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
@@ -75,7 +82,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         if key not in choices:
             choices[key] = cached.get(key) or probe(weight, None)
         if choices[key].kernel == "onednn":
-            install_onednn_method(module, method, form)
+            install_onednn_method(module, method, form, lazy=True)
     if cache_dir is not None and any(k not in cached for k in choices):
         _CACHE.record(cache_dir, {**cached, **choices})
     used = sum(c.kernel == "onednn" for c in choices.values())
@@ -128,24 +135,38 @@ def dense_heads(model, program) -> list[tuple[object, str, DenseForm]]:
     return out
 
 
-def install_onednn_method(module, method: str, form: DenseForm) -> None:
+def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = False) -> None:
     """Run `module.method` (a bias-free `x W^T` over the [Out, In] param `form.weight`) through a
-    packed oneDNN copy of the weight whenever autograd is off. The dense weight stays: other
-    methods read it (the embedding looks up its rows), so the packed copy is extra memory, the
-    product's weight once more (SmolLM2: 113 MB)."""
+    packed oneDNN copy of the weight whenever autograd is off, packed at its first such call
+    when `lazy`, else now. The dense weight stays: other methods read it (the embedding looks
+    up its rows), so the packed copy is extra memory, the product's weight once more (SmolLM2:
+    113 MB)."""
     import torch
 
-    packed = torch.ops.mkldnn._reorder_linear_weight(module._parameters[form.weight].detach().contiguous(),
-                                                     PROBE_ROWS)
     generated = getattr(module, method)
+    holder: dict[str, object] = {}
+
+    def packed(self):
+        found = holder.get("packed")
+        if found is None:
+            with _PACK_LOCK:
+                found = holder.get("packed")
+                if found is None:
+                    found = _reorder(self._parameters[form.weight])
+                    holder["packed"] = found
+                    self.linnet_packed_methods = {**self.__dict__.get("linnet_packed_methods", {}),
+                                                  method: found}
+        return found
 
     def rerouted(self, x):
         if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
             return generated(x)
-        return _onednn_linear(x, packed, None)
+        return _onednn_linear(x, packed(self), None)
 
     setattr(module, method, types.MethodType(rerouted, module))
-    module.linnet_packed_methods = {**getattr(module, "linnet_packed_methods", {}), method: packed}
+    module.linnet_onednn_methods = {**getattr(module, "linnet_onednn_methods", {}), method: packed}
+    if not lazy:
+        packed(module)
 
 
 #: What `install_onednn` assumes without a form: torch's Linear layout, `weight` [Out, In] and `bias`.
@@ -204,9 +225,10 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
     return Choice(kernel, round(speedup, 3), error)
 
 
-def install_onednn(module, form: DenseForm | None = None) -> None:
+def install_onednn(module, form: DenseForm | None = None, *, lazy: bool = False) -> None:
     """Run `module` through a packed oneDNN weight whenever autograd is off, and let its dense
-    weight go (see the module doc): `module.weight` is rebuilt from the packed one when read.
+    weight go once packed (see the module doc): `module.weight` is then rebuilt from the
+    packed one when read. `lazy`: pack at the first call with autograd off (`_pack`), else now.
 
     Every method of a generated Linear is the same `F.linear` over the last axis (`forward`,
     and `forward_packed*`, the padding-free pass's copies for `[Tokens, In]` rows), so each is
@@ -215,23 +237,69 @@ def install_onednn(module, form: DenseForm | None = None) -> None:
 
     if form is None:  # a torch.nn.Linear, or std's Linear as generated
         form = _TORCH_LINEAR
-    packed = torch.ops.mkldnn._reorder_linear_weight(_out_in_weight(module, form).detach().contiguous(), PROBE_ROWS)
     bias_name = form.bias
 
     def rerouted(generated):
         def forward(self, x):
             if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
                 return generated(x)
+            packed = self.__dict__.get("linnet_packed_weight")
+            if packed is None:
+                packed = _pack(self, form)
             return _onednn_linear(x, packed, None if bias_name is None else _param(self, bias_name))
         return forward
 
     for name in _linear_methods(module):
         setattr(module, name, types.MethodType(rerouted(getattr(module, name)), module))
     module.linnet_kernel = "onednn"
-    module.linnet_packed_weight = packed
-    dense = module._parameters.pop(form.weight)
-    module.__class__ = _packed_class(type(module), form.weight, form.out_in)
-    _release_mapped_pages(dense)
+    module.linnet_form = form
+    if not lazy:
+        _pack(module, form)
+
+
+def pack_pending(model) -> int:
+    """Pack now every weight whose oneDNN kernel was installed lazily and has not run yet;
+    returns how many were packed. The outputs are the same bits either way."""
+    count = 0
+    for module in model.modules():
+        if getattr(module, "linnet_kernel", None) == "onednn" and "linnet_packed_weight" not in module.__dict__:
+            _pack(module, module.linnet_form)
+            count += 1
+        for method, packed in module.__dict__.get("linnet_onednn_methods", {}).items():
+            if method not in module.__dict__.get("linnet_packed_methods", {}):
+                packed(module)
+                count += 1
+    return count
+
+
+#: Held while a weight is packed, so threads whose first calls meet pack each weight once.
+_PACK_LOCK = threading.Lock()
+
+
+def _reorder(weight):
+    """`weight` ([Out, In]) in oneDNN's blocked layout for `PROBE_ROWS`-row inputs, at torch's
+    thread count. (One thread was tried: 3x faster with a busy neighbour on a 2-core machine,
+    but about 2x slower on a quiet one, where bert-base's load + first forward rose from 0.24
+    to 0.35 s, one interleaved run of 16; so the reorder keeps the threads every other op has.)"""
+    import torch
+
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PROBE_ROWS)
+
+
+def _pack(module, form: DenseForm):
+    """Pack `module`'s weight (once, under `_PACK_LOCK`), then let the dense one go: the packed
+    weight is set before the class that reads `weight` from it, and that before the dense
+    param is removed, so a thread reading `module.weight` meanwhile finds one or the other."""
+    with _PACK_LOCK:
+        packed = module.__dict__.get("linnet_packed_weight")
+        if packed is not None:
+            return packed
+        packed = _reorder(_out_in_weight(module, form))
+        module.linnet_packed_weight = packed
+        module.__class__ = _packed_class(type(module), form.weight, form.out_in)
+        dense = module._parameters.pop(form.weight)
+        _release_mapped_pages(dense)
+        return packed
 
 
 def _release_mapped_pages(tensor) -> None:
@@ -262,25 +330,41 @@ def _release_mapped_pages(tensor) -> None:
     libc.madvise(first, last - first, 4)  # MADV_DONTNEED; a failure only keeps the pages
 
 
+#: The file-backed ranges of /proc/self/maps at its last reading: the Linears of one checkpoint
+#: lie in one mapping, so a model's packing reads the file once, not once per weight (bert-base:
+#: 50 readings of ~1 ms each). A stale range (unmapped since, its addresses reused) can only
+#: pass an anonymous range on to `_only_file_pages`, which refuses any anonymous page that holds
+#: data (present or swapped); one never touched reads as zeros before and after.
+_FILE_MAPPINGS: list[tuple[int, int]] = []
+
+
 def _file_mapping(first: int, last: int) -> bool:
     """Whether [first, last) lies in one mapping of a file (/proc/self/maps)."""
+    global _FILE_MAPPINGS
+    if any(low <= first and last <= high for low, high in _FILE_MAPPINGS):
+        return True
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return False
+    ranges, found = [], False
     for line in lines:
         fields = line.split(maxsplit=5)
         low, high = (int(x, 16) for x in fields[0].split("-"))
+        is_file = len(fields) == 6 and fields[5].startswith("/")
+        if is_file:
+            ranges.append((low, high))
         if low <= first and last <= high:
-            return len(fields) == 6 and fields[5].startswith("/")
-    return False
+            found = is_file
+    _FILE_MAPPINGS = ranges
+    return found
 
 
 def _only_file_pages(first: int, last: int, page: int) -> bool:
     """Whether every page of [first, last) is absent or a page of the file itself: per page,
     /proc/self/pagemap's bit 63 is "present", 62 "swapped" (only anonymous pages swap), 61
     "file page or shared"."""
-    import struct
+    import numpy as np
 
     count = (last - first) // page
     try:
@@ -291,11 +375,9 @@ def _only_file_pages(first: int, last: int, page: int) -> bool:
         return False
     if len(data) != count * 8:
         return False
-    for (entry,) in struct.iter_unpack("<Q", data):
-        present, swapped, file_page = entry >> 63 & 1, entry >> 62 & 1, entry >> 61 & 1
-        if swapped or (present and not file_page):
-            return False
-    return True
+    entries = np.frombuffer(data, dtype="<u8")
+    present, swapped, file_page = (entries >> np.uint64(bit) & np.uint64(1) for bit in (63, 62, 61))
+    return not bool((swapped | (present & (file_page ^ np.uint64(1)))).any())
 
 
 _PACKED_CLASSES: dict[tuple[type, str, bool], type] = {}
