@@ -108,7 +108,8 @@ class SubArrayType:
     span: Span
 
 
-GenericArg = "DimNode | FloatLit"  # a dim expression, a bare name that may be a dtype, or a Real's number
+GenericArg = "DimNode | FloatLit | BlockRef"  # a dim expression, a bare name that may be a dtype or a
+# block, a Real's number, or a block with arguments (for a template's `Block` generic)
 
 
 # --------------------------------------------------------------------------- exprs
@@ -391,7 +392,25 @@ class Use:
     path_span: Span
 
 
-Item = Block | Function | Const
+@dataclass(eq=False)
+class BlockAlias:
+    """`pub block Name<generics> = Template<args> where ...`: a block template instantiated.
+
+    `Template` is a block with at least one `Block` generic; the resolver expands the alias into
+    an ordinary block named `name` with these generics and clauses and the template's members, the
+    template's generics replaced by `target`'s arguments (front/resolve.py, `_Templates`)."""
+
+    name: str
+    public: bool
+    generics: list[GenericParam]
+    where: list
+    target: BlockRef
+    span: Span
+    name_span: Span
+    doc: str = ""
+
+
+Item = Block | Function | Const | BlockAlias
 
 
 @dataclass(eq=False)

@@ -271,6 +271,22 @@ class _ToAst(Transformer):
             delegates=self._delegates(members),
         )
 
+    def block_alias(self, meta, children):
+        public, name, *rest = children
+        generics, where, target = [], [], None
+        for child in rest:
+            if isinstance(child, tuple) and child[0] == "generics":
+                generics = child[1]
+            elif isinstance(child, tuple) and child[0] == "where":
+                where = child[1]
+            else:
+                target = child
+        return ast.BlockAlias(str(name), public, generics, where, target, self._s(meta), self._t(name))
+
+    def block_arg(self, meta, children):
+        name, args = children
+        return ast.BlockRef(str(name), args, self._s(meta))
+
     @staticmethod
     def _delegates(members) -> list[ast.Delegate]:
         delegates, functions = [], 0
