@@ -30,9 +30,12 @@ def check_declarations(checker: Checker) -> None:
         for item in module.tree.items:
             block = checker.blocks.get(item_key(module, item.name)) if isinstance(item, ast.Block) else None
             if block is not None:
+                checker.current_block = block.node
                 checker.guard(lambda: _check_block_members(checker, block))
     for fn in list(checker.functions.values()):
+        checker.current_block = fn.block.node if fn.block else None
         checker.guard(lambda: _check_signature(checker, fn))
+    checker.current_block = None
 
 
 # ----------------------------------------------------------------------- headers
@@ -45,8 +48,10 @@ def _collect_headers(checker: Checker, module: ModuleInfo) -> None:
         elif isinstance(item, ast.Block) and is_template(item):
             continue  # a block template is checked where an alias expands it (front/resolve.py)
         elif isinstance(item, ast.Block):
+            checker.current_block = item
             if not checker.guard(lambda: _collect_block_header(checker, module, item)):
                 checker.broken.add(item_key(module, item.name))
+            checker.current_block = None
         elif isinstance(item, ast.Function):
             if not checker.guard(lambda: _collect_free_fn(checker, module, item)):
                 checker.broken.add(item_key(module, item.name))

@@ -370,6 +370,9 @@ class Block:
     doc: str = ""
     delegates: list[Delegate] = field(default_factory=list)  # expanded into `functions` by the resolver
     delegates_expanded: bool = False  # set once they are in `functions`: a tree resolved twice gains them once
+    #: For a block expanded from a block alias: (the template's name, the alias's name span), so a
+    #: diagnostic at the template's text can say which instance of it found the problem.
+    instance_of: "tuple[str, Span] | None" = None
 
 
 @dataclass(eq=False)

@@ -392,11 +392,21 @@ class _Templates:
         copy = lambda node: _instantiate(node, values, blocks)  # noqa: E731
         block = ast.Block(alias.name, alias.public, alias.generics, [*alias.where, *copy(template.where)],
                           copy(template.params), copy(template.subs), copy(template.functions), alias.span,
-                          alias.name_span, alias.doc or template.doc, copy(template.delegates))
+                          alias.name_span, alias.doc or template.doc, copy(template.delegates),
+                          instance_of=(template.name, alias.name_span))
         module = ModuleInfo(info.name, home.path, ast.Module(None, None, [], [block], home.tree.file), scope,
                             expanded_from=home)
         self.modules[f"{info.name}::{alias.name}"] = module
         return module, block
+
+
+def with_instance_note(diagnostic: Diagnostic, block: "ast.Block | None") -> Diagnostic:
+    """`diagnostic` with a note naming the alias, when it was found in a block an alias expanded."""
+    if block is None or block.instance_of is None:
+        return diagnostic
+    template, span = block.instance_of
+    note = Note(f"in `{block.name}`, the instance of template `{template}` declared here", span)
+    return dataclasses.replace(diagnostic, notes=(*diagnostic.notes, note))
 
 
 def _nodes(node):
@@ -480,6 +490,7 @@ class _Delegations:
                     "whose delegations are being expanded", via.callee_span))
             return False
         self.state[id(block)] = "expanding"
+        reported = len(self.errors)
         info = self.home[id(block)]
         defined = {f.name: f.name_span for f in block.functions}
         delegated: dict[str, Span] = {}
@@ -499,6 +510,7 @@ class _Delegations:
         # Where the `use` stands among the block's functions, so entries keep the written order.
         for shift, (position, function) in enumerate(placed):
             block.functions.insert(position + shift, function)
+        self.errors[reported:] = [with_instance_note(d, block) for d in self.errors[reported:]]
         self.state[id(block)] = "done"
         block.delegates_expanded = True
         return True
@@ -656,8 +668,10 @@ def _expand_defaults(errors: list[Diagnostic], modules) -> None:
         for item in info.tree.items:
             if isinstance(item, ast.Block) and not is_template(item):
                 made = []
+                reported = len(errors)
                 for fn in item.functions:
                     made += [(fn, f) for f in _defaults_of(errors, fn, item)]
+                errors[reported:] = [with_instance_note(d, item) for d in errors[reported:]]
                 for fn, extra in reversed(made):
                     item.functions.insert(item.functions.index(fn) + 1, extra)
             elif isinstance(item, ast.Function):
