@@ -233,3 +233,20 @@ def test_an_error_in_an_instance_names_the_alias(tmp_path):
     assert diagnostic.code == "E0307"
     assert diagnostic.notes[-1].message == "in `EncoderTagger`, the instance of template `Tagger` declared here"
     assert diagnostic.notes[-1].span.line == ENCODER.count("\n") + TEMPLATE.count("\n") + 1
+
+
+def test_a_splice_declares_a_blocks_generics_and_clauses_and_passes_them_by_name(tmp_path):
+    text = ENCODER.replace("pub block Encoder<D: Dim, MaxLen: Dim>", "pub block Encoder<D: Dim, MaxLen: Dim = 8>\n"
+                           "where D > 1") + TEMPLATE + """
+pub block Spliced<..Encoder, Labels: Dim, Extra: Dim = D + Labels> = Tagger<Encoder<..>, D, Labels, MaxLen>
+where Labels > 0
+pub block Again<..Spliced> = Tagger<Encoder<D, MaxLen>, D, Labels, MaxLen>
+"""
+    checked = _compile(tmp_path, "spliced", text).checked
+    for name in ("Spliced", "Again"):
+        block = checked.find_block(name)
+        assert [(g.name, str(g.default)) for g in block.generics] == [
+            ("D", "None"), ("MaxLen", "8"), ("Labels", "None"), ("Extra", "D + Labels")]
+        assert [str(c) for c in block.where] == ["D > 1", "Labels > 0"]
+    instance = instantiate(checked, "Spliced", {"D": 4, "Labels": 3})
+    assert str(instance.entries["logits"]).endswith("-> Tensor[B, S, 3; f32] where S <= 8")

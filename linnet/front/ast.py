@@ -292,6 +292,23 @@ class GenericParam:
 
 
 @dataclass(eq=False)
+class GenericSplice:
+    """`..Model` among a block alias's generics: Model's generics, in order, with their defaults,
+    and its `where` clauses (front/resolve.py replaces it before anything reads the generics)."""
+
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class SpliceArg:
+    """`..` as the generic arguments of a block in an alias's target (`Model<..>`): every generic
+    of that block, passed by its own name (replaced by the resolver)."""
+
+    span: Span
+
+
+@dataclass(eq=False)
 class Param:
     name: str
     type: TypeNode

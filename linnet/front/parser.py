@@ -27,7 +27,7 @@ _TOKEN_NAMES = {
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LESSTHAN": "'<'", "MORETHAN": "'>'",
     "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='", "CMP": "a comparison",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "DOT": "'.'",
-    "$END": "end of file", "PUB": "'pub'",
+    "$END": "end of file", "PUB": "'pub'", "SPLICE": "'..'",
 }
 
 
@@ -372,6 +372,13 @@ class _ToAst(Transformer):
     def generic_param(self, meta, children):
         name, kind, *default = children
         return ast.GenericParam(str(name), str(kind), default[0] if default else None, False, self._s(meta))
+
+    def generic_splice(self, meta, children):
+        _, name = children
+        return ast.GenericSplice(str(name), self._s(meta))
+
+    def splice_arg(self, meta, children):
+        return ast.SpliceArg(self._s(meta))
 
     def variadic_param(self, meta, children):
         name, kind = children

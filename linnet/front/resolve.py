@@ -260,6 +260,14 @@ class _Templates:
         self.active: set[int] = set()
 
     def expand(self) -> None:
+        self.spliced: dict[int, bool] = {}  # id(alias) -> whether its splices were all made
+        self.splice_done: set[int] = set()  # the aliases whose splices are finished (made or not)
+        for info in list(self.modules.values()):
+            for item in info.tree.items:
+                if isinstance(item, ast.BlockAlias):
+                    self._splice(info, item)
+                else:
+                    self._refuse_splices(item)
         for info in list(self.modules.values()):
             for item in info.tree.items:
                 if isinstance(item, ast.BlockAlias):
@@ -272,6 +280,88 @@ class _Templates:
                 made = self.done.get(id(item)) if isinstance(item, ast.BlockAlias) else None
                 if made is not None:
                     info.scope[name] = made
+
+    def _refuse_splices(self, item) -> None:
+        """`..X` and `X<..>` belong to block aliases; elsewhere they are refused and dropped."""
+        owners = [item, *getattr(item, "functions", [])]
+        for owner in owners:
+            generics = getattr(owner, "generics", None)
+            if generics and any(isinstance(g, ast.GenericSplice) for g in generics):
+                for g in generics:
+                    if isinstance(g, ast.GenericSplice):
+                        self._bad(codes.BAD_GENERIC_SPLICE, g.span, f"`..{g.name}` splices generics into a block "
+                                  "alias only (`block X<..Model, ...> = Template<Model<..>, ...>`)")
+                owner.generics = [g for g in generics if not isinstance(g, ast.GenericSplice)]
+        for node in _nodes(item):
+            if isinstance(node, (ast.BlockRef, ast.Call)):
+                args = node.args if isinstance(node, ast.BlockRef) else node.generic_args
+                for arg in [a for a in args if isinstance(a, ast.SpliceArg)]:
+                    self._bad(codes.BAD_GENERIC_SPLICE, arg.span, "`<..>` passes a block its generics by name in a "
+                              "block alias's target only")
+                    args.remove(arg)
+
+    def _splice(self, info: ModuleInfo, alias: ast.BlockAlias) -> bool:
+        """Replace `..X` in `alias`'s generics by X's generics and clauses, and `X<..>` in its target
+        by X's generic names; False where a splice could not be made (reported)."""
+        key = id(alias)
+        if key in self.spliced:
+            return self.spliced[key]
+        self.spliced[key] = False  # until done: a splice that comes back here is a cycle
+        generics: list[ast.GenericParam] = []
+        where: list = []
+        ok = True
+        declared = {g.name for g in alias.generics if isinstance(g, ast.GenericParam)}
+        for g in alias.generics:
+            if not isinstance(g, ast.GenericSplice):
+                generics.append(g)
+                continue
+            source = self._splice_source(info, g.name, g.span)
+            if source is None:
+                ok = False
+                continue
+            for spliced in source.generics:
+                if spliced.name in declared:
+                    self._bad(codes.BAD_GENERIC_SPLICE, g.span, f"`..{g.name}` brings generic `{spliced.name}`, which "
+                              f"alias `{alias.name}` also declares", Note(f"`{g.name}` declares it here", spliced.span))
+                    ok = False
+                    continue
+                declared.add(spliced.name)
+                generics.append(_instantiate(spliced, {}, {}))
+            where += _instantiate(source.where, {}, {})
+        # `Model<..>`: the block's generics by name, wherever the target passes one.
+        for node in _nodes(alias.target):
+            if isinstance(node, ast.BlockRef) and any(isinstance(a, ast.SpliceArg) for a in node.args):
+                splice = next(a for a in node.args if isinstance(a, ast.SpliceArg))
+                source = self._splice_source(info, node.name, node.span)
+                if len(node.args) != 1:
+                    self._bad(codes.BAD_GENERIC_SPLICE, splice.span, "`<..>` stands alone: every generic of "
+                              f"`{node.name}` by its own name")
+                    ok = False
+                elif source is not None:
+                    node.args = [ast.DimName(p.name, splice.span) for p in source.generics]
+                else:
+                    ok = False
+                node.args = [a for a in node.args if not isinstance(a, ast.SpliceArg)]
+        alias.generics, alias.where = generics, [*where, *alias.where]
+        self.spliced[key] = ok
+        self.splice_done.add(key)
+        return ok
+
+    def _splice_source(self, info: ModuleInfo, name: str, span: Span):
+        """The block (or alias, spliced first) whose generics `..name` / `name<..>` brings."""
+        found = info.scope.get(name)
+        item = found[1] if found else None
+        if isinstance(item, ast.BlockAlias):
+            if self.spliced.get(id(item)) is False and id(item) not in self.splice_done:
+                self._bad(codes.BAD_GENERIC_SPLICE, span, f"`{name}`'s generics are being spliced: the splices "
+                          "form a cycle")
+                return None
+            return item if self._splice(found[0], item) else None
+        if isinstance(item, ast.Block) and not is_template(item):
+            return item
+        what = "a block template" if is_template(item) else "not a block" if item is not None else "unknown"
+        self._bad(codes.BAD_GENERIC_SPLICE, span, f"`{name}` is {what}; a splice brings the generics of a block")
+        return None
 
     def _bad(self, code, span: Span, message: str, *notes: Note) -> None:
         self.errors.append(Diagnostic(code, message, span, notes))
