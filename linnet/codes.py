@@ -117,6 +117,16 @@ DEFAULT_NOT_TRAILING: Final = _register("E0113", "default-not-trailing", "resolv
     "a parameter without a default after one with a default: only trailing parameters may have defaults")
 DEFAULT_LATER_PARAM: Final = _register("E0114", "default-later-param", "resolve",
     "a computed default (`= positions(mask)`) that reads its own parameter or a later one")
+BAD_BLOCK_ALIAS: Final = _register("E0115", "bad-block-alias", "resolve",
+    "`block X<...> = Template<...>`: the target is not a block template (a block with a `Block` "
+    "generic), or its arguments do not fit: too many or too few, a non-block for a `Block` generic, "
+    "a block for any other")
+MISUSED_BLOCK_GENERIC: Final = _register("E0116", "misused-block-generic", "resolve",
+    "a `Block` generic used other than as a whole `sub` type (with arguments, a default, in a type or "
+    "an expression), or a block template used as a `sub` without an alias")
+BAD_GENERIC_SPLICE: Final = _register("E0117", "bad-generic-splice", "resolve",
+    "`..Block` among generics or `Block<..>` as arguments outside a block alias, a spliced name that is "
+    "no block (or a template), or a spliced generic the alias also declares")
 
 # -- check: types, dims and where clauses (check/, prims.py)
 UNKNOWN_NAME: Final = _register("E0201", "unknown-name", "check", "an unknown name or dim")

@@ -50,13 +50,21 @@ def test_bert_source_parses_into_its_blocks_and_functions():
     module = parse_file(BERT)
     assert module.name == "bert"
     assert [".".join(u.path) for u in module.uses] == [
-        "std.nn.attention", "std.nn.embedding", "std.nn.linear", "std.nn.losses",
+        "std.nn.attention", "std.nn.embedding", "std.nn.heads", "std.nn.linear", "std.nn.losses",
         "std.nn.masks", "std.nn.norm"]
     blocks = {i.name: i for i in module.items if isinstance(i, ast.Block)}
-    assert list(blocks) == ["Embeddings", "Attention", "EncoderLayer", "Pooler", "Encoder", "Model",
-                            "MaskedLmHead", "PreTraining", "MaskedLm", "SequenceClassification",
-                            "SequenceRegression", "TokenClassification", "QuestionAnswering", "MultipleChoice"]
-    assert [f.name for f in module.items if isinstance(f, ast.Function)] == ["span_loss"]
+    assert list(blocks) == ["Embeddings", "Attention", "EncoderLayer", "Pooler", "Encoder", "Model", "PreTraining"]
+    # The task heads are std.nn.heads' templates, instantiated by block aliases.
+    aliases = {i.name: i for i in module.items if isinstance(i, ast.BlockAlias)}
+    assert {name: a.target.name for name, a in aliases.items()} == {
+        "MaskedLm": "MaskedLmModel", "SequenceClassification": "SequenceClassifier",
+        "SequenceRegression": "SequenceRegressor", "TokenClassification": "TokenClassifier",
+        "QuestionAnswering": "SpanExtractor", "MultipleChoice": "ChoiceClassifier"}
+    # `..Encoder` declares the encoder's generics, `Encoder<..>` passes them on by name.
+    qa = aliases["QuestionAnswering"]
+    assert [(type(g).__name__, g.name) for g in qa.generics] == [("GenericSplice", "Encoder")]
+    assert [type(a).__name__ for a in qa.target.args[0].args] == ["SpliceArg"]
+    assert [f.name for f in module.items if isinstance(f, ast.Function)] == []
     model = blocks["Model"]
     assert [g.name for g in model.generics] == ["Vocab", "MaxPositions", "TypeVocab", "D", "Heads", "Inner",
                                                 "Layers", "T", "HiddenDropout", "AttentionDropout", "HiddenAct",

@@ -268,7 +268,8 @@ class FrontEndResult:
     @classmethod
     def of(cls, compiled) -> "FrontEndResult":
         modules = compiled.checked.program.modules.values()
-        return cls(dict(compiled.generics), tuple(compiled.instance.params), {m.name: m.path for m in modules})
+        return cls(dict(compiled.generics), tuple(compiled.instance.params), {m.name: m.path for m in modules
+                                                                                 if m.expanded_from is None})
 
 
 @dataclass

@@ -41,6 +41,8 @@ def check(program: Program) -> CheckedProgram:
     check_sub_cycles(checker)
     for fn in list(checker.functions.values()):
         if fn.checked:
+            checker.current_block = fn.block.node if fn.block else None
             check_body(checker, fn)
+    checker.current_block = None
     check_call_cycles(checker)
     return checker.finish()

@@ -17,7 +17,8 @@ from typing import Callable, NoReturn
 from .. import codes
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span
 from ..dims import Facts
-from ..front.resolve import ModuleInfo, Program
+from ..front import ast
+from ..front.resolve import ModuleInfo, Program, with_instance_note
 from ..types import Type
 from .program import BlockSig, BroadcastClause, CallInfo, CheckedProgram, FnSig, NameInfo
 
@@ -68,6 +69,9 @@ class Checker:
         # such as "`g` takes 1 argument" for a `g` whose second parameter had a bad type.
         self.broken: set[str] = set()
         self.silenced = 0  # checks given up because of an earlier error
+        #: The block whose members or functions are being checked, so an error inside a block a
+        #: block alias expanded (at its template's text) names that alias in a note.
+        self.current_block: "ast.Block | None" = None
 
     def guard(self, step: Callable[[], object]) -> bool:
         """Run one check; a failure is recorded and the rest goes on. True when it passed."""
@@ -82,7 +86,7 @@ class Checker:
         if failure.diagnostic is None:
             self.silenced += 1
         else:
-            self.errors.append(failure.diagnostic)
+            self.errors.append(with_instance_note(failure.diagnostic, self.current_block))
 
     def finish(self) -> CheckedProgram:
         """The checked program, or every error reported, in source order."""

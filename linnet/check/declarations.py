@@ -11,7 +11,7 @@ from ..front import ast
 from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
-from ..front.resolve import ModuleInfo
+from ..front.resolve import ModuleInfo, is_template
 from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest
@@ -30,9 +30,12 @@ def check_declarations(checker: Checker) -> None:
         for item in module.tree.items:
             block = checker.blocks.get(item_key(module, item.name)) if isinstance(item, ast.Block) else None
             if block is not None:
+                checker.current_block = block.node
                 checker.guard(lambda: _check_block_members(checker, block))
     for fn in list(checker.functions.values()):
+        checker.current_block = fn.block.node if fn.block else None
         checker.guard(lambda: _check_signature(checker, fn))
+    checker.current_block = None
 
 
 # ----------------------------------------------------------------------- headers
@@ -42,9 +45,13 @@ def _collect_headers(checker: Checker, module: ModuleInfo) -> None:
     for item in module.tree.items:
         if isinstance(item, ast.Const):
             checker.guard(lambda: _check_const(checker, module, item))
+        elif isinstance(item, ast.Block) and is_template(item):
+            continue  # a block template is checked where an alias expands it (front/resolve.py)
         elif isinstance(item, ast.Block):
+            checker.current_block = item
             if not checker.guard(lambda: _collect_block_header(checker, module, item)):
                 checker.broken.add(item_key(module, item.name))
+            checker.current_block = None
         elif isinstance(item, ast.Function):
             if not checker.guard(lambda: _collect_free_fn(checker, module, item)):
                 checker.broken.add(item_key(module, item.name))
@@ -214,7 +221,7 @@ def _lookup_item(checker: Checker, module: ModuleInfo, name: str, span: Span):
     key = item_key(owner, name)
     if isinstance(item, ast.Block):
         if key not in checker.blocks:
-            silent()  # its declaration failed, and that was reported
+            silent()  # its declaration failed, or it is a template used without an alias: reported
         return checker.blocks[key]
     return checker.functions.get(key)
 

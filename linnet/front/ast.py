@@ -108,7 +108,8 @@ class SubArrayType:
     span: Span
 
 
-GenericArg = "DimNode | FloatLit"  # a dim expression, a bare name that may be a dtype, or a Real's number
+GenericArg = "DimNode | FloatLit | BlockRef"  # a dim expression, a bare name that may be a dtype or a
+# block, a Real's number, or a block with arguments (for a template's `Block` generic)
 
 
 # --------------------------------------------------------------------------- exprs
@@ -291,6 +292,23 @@ class GenericParam:
 
 
 @dataclass(eq=False)
+class GenericSplice:
+    """`..Model` among a block alias's generics: Model's generics, in order, with their defaults,
+    and its `where` clauses (front/resolve.py replaces it before anything reads the generics)."""
+
+    name: str
+    span: Span
+
+
+@dataclass(eq=False)
+class SpliceArg:
+    """`..` as the generic arguments of a block in an alias's target (`Model<..>`): every generic
+    of that block, passed by its own name (replaced by the resolver)."""
+
+    span: Span
+
+
+@dataclass(eq=False)
 class Param:
     name: str
     type: TypeNode
@@ -369,6 +387,9 @@ class Block:
     doc: str = ""
     delegates: list[Delegate] = field(default_factory=list)  # expanded into `functions` by the resolver
     delegates_expanded: bool = False  # set once they are in `functions`: a tree resolved twice gains them once
+    #: For a block expanded from a block alias: (the template's name, the alias's name span), so a
+    #: diagnostic at the template's text can say which instance of it found the problem.
+    instance_of: "tuple[str, Span] | None" = None
 
 
 @dataclass(eq=False)
@@ -391,7 +412,25 @@ class Use:
     path_span: Span
 
 
-Item = Block | Function | Const
+@dataclass(eq=False)
+class BlockAlias:
+    """`pub block Name<generics> = Template<args> where ...`: a block template instantiated.
+
+    `Template` is a block with at least one `Block` generic; the resolver expands the alias into
+    an ordinary block named `name` with these generics and clauses and the template's members, the
+    template's generics replaced by `target`'s arguments (front/resolve.py, `_Templates`)."""
+
+    name: str
+    public: bool
+    generics: list[GenericParam]
+    where: list
+    target: BlockRef
+    span: Span
+    name_span: Span
+    doc: str = ""
+
+
+Item = Block | Function | Const | BlockAlias
 
 
 @dataclass(eq=False)

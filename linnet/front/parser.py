@@ -27,7 +27,7 @@ _TOKEN_NAMES = {
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LESSTHAN": "'<'", "MORETHAN": "'>'",
     "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='", "CMP": "a comparison",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "DOT": "'.'",
-    "$END": "end of file", "PUB": "'pub'",
+    "$END": "end of file", "PUB": "'pub'", "SPLICE": "'..'",
 }
 
 
@@ -271,6 +271,22 @@ class _ToAst(Transformer):
             delegates=self._delegates(members),
         )
 
+    def block_alias(self, meta, children):
+        public, name, *rest = children
+        generics, where, target = [], [], None
+        for child in rest:
+            if isinstance(child, tuple) and child[0] == "generics":
+                generics = child[1]
+            elif isinstance(child, tuple) and child[0] == "where":
+                where = child[1]
+            else:
+                target = child
+        return ast.BlockAlias(str(name), public, generics, where, target, self._s(meta), self._t(name))
+
+    def block_arg(self, meta, children):
+        name, args = children
+        return ast.BlockRef(str(name), args, self._s(meta))
+
     @staticmethod
     def _delegates(members) -> list[ast.Delegate]:
         delegates, functions = [], 0
@@ -356,6 +372,13 @@ class _ToAst(Transformer):
     def generic_param(self, meta, children):
         name, kind, *default = children
         return ast.GenericParam(str(name), str(kind), default[0] if default else None, False, self._s(meta))
+
+    def generic_splice(self, meta, children):
+        _, name = children
+        return ast.GenericSplice(str(name), self._s(meta))
+
+    def splice_arg(self, meta, children):
+        return ast.SpliceArg(self._s(meta))
 
     def variadic_param(self, meta, children):
         name, kind = children

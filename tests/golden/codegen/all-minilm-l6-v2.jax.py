@@ -31,11 +31,11 @@ def _linnet_dropout(x, rate, rng):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 def Encoder_key_mask(params, attention_mask):
-    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:340)
+    # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:342)
     B = attention_mask.shape[0]
     S = attention_mask.shape[1]
-    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:341
-    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:342
+    padding = jnp.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:343
+    return padding.astype(jnp.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:344
 
 
 def embedding(ids, table):
@@ -57,9 +57,9 @@ def LayerNorm_forward(params, x):
 
 
 def Embeddings_forward(params, tokens, token_types, positions, rng=None):
-    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:52)
-    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:59
-    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:63
+    # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:54)
+    summed = embedding(tokens, params["word_embeddings"]) + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:61
+    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:65
 
 
 def positions(attention_mask):
@@ -80,8 +80,8 @@ def merge_heads(x):
 
 
 def Attention_output(params, context):
-    # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:139)
-    return Linear_forward(params["out"], merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:140
+    # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:141)
+    return Linear_forward(params["out"], merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:142
 
 
 def attention_with_dropout(q, k, v, scale, mask, rate, rng=None):
@@ -98,162 +98,162 @@ def split_heads(x):
 
 
 def Attention_context(params, x, mask, rng=None):
-    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:127)
-    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:128
+    # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:129)
+    return attention_with_dropout(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), split_heads(Linear_forward(params["value"], x)), 0.17677669529663687, mask, 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:130
 
 
 def Attention_forward(params, x, mask, rng=None):
-    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:98)
-    return Attention_output(params, Attention_context(params, x, mask, rng))  # nest/bert-base-uncased/src/lib.linnet:99
+    # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:100)
+    return Attention_output(params, Attention_context(params, x, mask, rng))  # nest/bert-base-uncased/src/lib.linnet:101
 
 
 def EncoderLayer_forward(params, x, mask, rng=None):
-    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:156)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:158
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:159
+    # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:158)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward(params["attention"], x, mask, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:160
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:161
 
 
 def Encoder_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:215)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:221
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:222
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:223
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:224
-    return x  # nest/bert-base-uncased/src/lib.linnet:226
+    # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:217)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:223
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:224
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:225
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:226
+    return x  # nest/bert-base-uncased/src/lib.linnet:228
 
 
 def Model_forward(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
-    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:374
+    # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:376)
+    return Encoder_forward(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:376
 
 
 def Encoder_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:232)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:238
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:239
-    states = [x]  # nest/bert-base-uncased/src/lib.linnet:240
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:240
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:241
-        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:240
-    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:240
-    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:244
+    # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:234)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:240
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:241
+    states = [x]  # nest/bert-base-uncased/src/lib.linnet:242
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:242
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:243
+        states.append(x)  # nest/bert-base-uncased/src/lib.linnet:242
+    states = jnp.stack(states)  # nest/bert-base-uncased/src/lib.linnet:242
+    return jnp.transpose(states, (1, 0, 2, 3))  # nest/bert-base-uncased/src/lib.linnet:246
 
 
 def Model_hidden_states(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
-    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:374
+    # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:376)
+    return Encoder_hidden_states(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:376
 
 
 def Pooler_forward(params, first):
-    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:180)
-    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:181
+    # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
+    return jnp.tanh(Linear_forward(params["dense"], first))  # nest/bert-base-uncased/src/lib.linnet:183
 
 
 def Model_pool(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:377)
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:383
-    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:384
+    # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:379)
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:385
+    return Pooler_forward(params["pooler"], hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:386
 
 
 def Model_embed(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:389)
+    # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:391)
     B = tokens.shape[0]
     S = tokens.shape[1]
-    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:395
-    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:396
-    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:397
-    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:398
-    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:399
-    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:400
+    hidden = Model_forward(params, tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:397
+    weights = (1 - (attention_mask == 0).astype(jnp.int32)).astype(jnp.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:398
+    count = jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-09)  # nest/bert-base-uncased/src/lib.linnet:399
+    mean = (jnp.sum(hidden * weights, axis=1, keepdims=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:400
+    length = jnp.sqrt(jnp.sum(mean * mean, axis=1, keepdims=True))  # nest/bert-base-uncased/src/lib.linnet:401
+    return mean / jnp.maximum(length, 1e-12)  # nest/bert-base-uncased/src/lib.linnet:402
 
 
 def Encoder_layers_forward(params, embedded, attention_mask, rng=None):
-    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:329)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:330
-    x = embedded  # nest/bert-base-uncased/src/lib.linnet:331
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:332
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:333
-    return x  # nest/bert-base-uncased/src/lib.linnet:335
+    # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:331)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:332
+    x = embedded  # nest/bert-base-uncased/src/lib.linnet:333
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:334
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:335
+    return x  # nest/bert-base-uncased/src/lib.linnet:337
 
 
 def Encoder_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
-    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:281
+    # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:276)
+    return Encoder_layers_forward(params, Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng), attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:283
 
 
 def Model_forward_positioned(params, tokens, token_types, attention_mask, position_ids, rng=None):
-    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+    # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+    return Encoder_forward_positioned(params["encoder"], tokens, token_types, attention_mask, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:406
 
 
 def Embeddings_forward_embedded(params, words, token_types, positions, rng=None):
-    # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:68)
-    summed = words + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:74
-    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:75
+    # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:70)
+    summed = words + embedding(token_types, params["token_type_embeddings"]) + embedding(positions, params["position_embeddings"])  # nest/bert-base-uncased/src/lib.linnet:76
+    return _linnet_dropout(LayerNorm_forward(params["norm"], summed), 0.1, rng)  # nest/bert-base-uncased/src/lib.linnet:77
 
 
 def Encoder_forward_embedded(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:291
-    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:292
+    # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:287)
+    x = Embeddings_forward_embedded(params["embeddings"], inputs_embeds, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:293
+    return Encoder_layers_forward(params, x, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:294
 
 
 def Model_forward_embeds(params, inputs_embeds, token_types, attention_mask, rng=None):
-    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+    # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+    return Encoder_forward_embedded(params["encoder"], inputs_embeds, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:406
 
 
 def Attention_forward_head_masked(params, x, mask, heads, rng=None):
-    # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:105)
-    return Attention_output(params, Attention_context(params, x, mask, rng) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:110
+    # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:107)
+    return Attention_output(params, Attention_context(params, x, mask, rng) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:112
 
 
 def EncoderLayer_forward_head_masked(params, x, mask, heads, rng=None):
-    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:163)
-    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:168
-    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:169
+    # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:165)
+    h = LayerNorm_forward(params["attention_norm"], x + _linnet_dropout(Attention_forward_head_masked(params["attention"], x, mask, heads, rng), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:170
+    return LayerNorm_forward(params["output_norm"], h + _linnet_dropout(Linear_forward(params["down"], jax.nn.gelu(Linear_forward(params["up"], h), approximate=False)), 0.1, rng))  # nest/bert-base-uncased/src/lib.linnet:171
 
 
 def Encoder_forward_full(params, tokens, token_types, attention_mask, position_ids, head_mask, rng=None):
-    # bert::Encoder.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:298)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:306
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:307
-    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:309
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:310
-        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:311
-        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:312
-    return x  # nest/bert-base-uncased/src/lib.linnet:314
+    # bert::Encoder.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:300)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:308
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, position_ids, rng)  # nest/bert-base-uncased/src/lib.linnet:309
+    rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:311
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:312
+        x = EncoderLayer_forward_head_masked(layer, x, mask, rows[0], rng)  # nest/bert-base-uncased/src/lib.linnet:313
+        rows = jnp.concatenate([rows[1:], rows[:1]], axis=0)  # nest/bert-base-uncased/src/lib.linnet:314
+    return x  # nest/bert-base-uncased/src/lib.linnet:316
 
 
 def Encoder_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:318)
-    return Encoder_forward_full(params, tokens, token_types, attention_mask, positions(attention_mask), head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:325
+    # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:320)
+    return Encoder_forward_full(params, tokens, token_types, attention_mask, positions(attention_mask), head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:327
 
 
 def Model_forward_head_masked(params, tokens, token_types, attention_mask, head_mask, rng=None):
-    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+    # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+    return Encoder_forward_head_masked(params["encoder"], tokens, token_types, attention_mask, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:406
 
 
 def Model_forward_full_default_position_ids(params, attention_mask):
-    # bert::Model.forward_full_default_position_ids<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:302)
-    return positions(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
+    # bert::Model.forward_full_default_position_ids<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:304)
+    return positions(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:304
 
 
 def Model_forward_full(params, tokens, token_types, attention_mask, position_ids=None, head_mask=None, rng=None):
-    # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+    # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
     if position_ids is None:  # position_ids = positions(attention_mask)
-        position_ids = Model_forward_full_default_position_ids(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
+        position_ids = Model_forward_full_default_position_ids(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:304
     if head_mask is None:  # head_mask = ones
-        head_mask = jnp.full((6, 12), 1, dtype=jnp.float32)  # nest/bert-base-uncased/src/lib.linnet:404
-    return Encoder_forward_full(params["encoder"], tokens, token_types, attention_mask, position_ids, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+        head_mask = jnp.full((6, 12), 1, dtype=jnp.float32)  # nest/bert-base-uncased/src/lib.linnet:406
+    return Encoder_forward_full(params["encoder"], tokens, token_types, attention_mask, position_ids, head_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:406
 
 
 def Encoder_no_probabilities(params, mask):
-    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:267)
+    # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:269)
     S = mask.shape[3]
-    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:268
-    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:269
+    rows = jnp.arange(12 * S, dtype=jnp.int32).astype(jnp.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:270
+    return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:271
 
 
 def attention_probabilities(q, k, scale, mask):
@@ -263,32 +263,32 @@ def attention_probabilities(q, k, scale, mask):
 
 
 def Attention_probabilities(params, x, mask):
-    # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:116)
-    return attention_probabilities(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:117
+    # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:118)
+    return attention_probabilities(split_heads(Linear_forward(params["query"], x)), split_heads(Linear_forward(params["key"], x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:119
 
 
 def EncoderLayer_attention_probabilities(params, x, mask):
-    # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
-    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:173
+    # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:175)
+    return Attention_probabilities(params["attention"], x, mask)  # nest/bert-base-uncased/src/lib.linnet:175
 
 
 def Encoder_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:249)
-    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:255
-    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:256
-    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:258
-    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:259
-    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:259
-        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:260
-        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:261
-        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:259
-    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:259
-    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:263
+    # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:251)
+    mask = Encoder_key_mask(params, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:257
+    x = Embeddings_forward(params["embeddings"], tokens, token_types, positions(attention_mask), rng)  # nest/bert-base-uncased/src/lib.linnet:258
+    probabilities = Encoder_no_probabilities(params, mask)  # nest/bert-base-uncased/src/lib.linnet:260
+    stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:261
+    for layer in params["layers"]:  # nest/bert-base-uncased/src/lib.linnet:261
+        probabilities = EncoderLayer_attention_probabilities(layer, x, mask)  # nest/bert-base-uncased/src/lib.linnet:262
+        x = EncoderLayer_forward(layer, x, mask, rng)  # nest/bert-base-uncased/src/lib.linnet:263
+        stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:261
+    stacked = jnp.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:261
+    return jnp.transpose(stacked[1:], (1, 0, 2, 3, 4))  # nest/bert-base-uncased/src/lib.linnet:265
 
 
 def Model_attentions(params, tokens, token_types, attention_mask, rng=None):
-    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:404
+    # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+    return Encoder_attentions(params["encoder"], tokens, token_types, attention_mask, rng)  # nest/bert-base-uncased/src/lib.linnet:406
 
 
 #: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and

@@ -67,7 +67,7 @@ class LayerNorm(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:46)"""
+    """bert::Embeddings<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:48)"""
 
     def __init__(self):
         super().__init__()
@@ -77,14 +77,14 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm()
 
     def forward(self, tokens, token_types, positions):
-        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:52)
-        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:59
-        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:63
+        # bert::Embeddings.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:54)
+        summed = embedding(tokens, self.word_embeddings) + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:61
+        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:65
 
     def forward_embedded(self, words, token_types, positions):
-        # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:68)
-        summed = words + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:74
-        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:75
+        # bert::Embeddings.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, T=f32, HiddenDropout=0.1, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:70)
+        summed = words + embedding(token_types, self.token_type_embeddings) + embedding(positions, self.position_embeddings)  # nest/bert-base-uncased/src/lib.linnet:76
+        return F.dropout(self.norm(summed), 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:77
 
 
 class Linear_384_384(nn.Module):
@@ -101,7 +101,7 @@ class Linear_384_384(nn.Module):
 
 
 class Attention(nn.Module):
-    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:86)"""
+    """bert::Attention<D=384, Heads=12, T=f32, AttentionDropout=0.1>  (nest/bert-base-uncased/src/lib.linnet:88)"""
 
     def __init__(self):
         super().__init__()
@@ -111,24 +111,24 @@ class Attention(nn.Module):
         self.out = Linear_384_384()
 
     def output(self, context):
-        # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:139)
-        return self.out(merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:140
+        # bert::Attention.output<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:141)
+        return self.out(merge_heads(context))  # nest/bert-base-uncased/src/lib.linnet:142
 
     def context(self, x, mask):
-        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:127)
-        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:128
+        # bert::Attention.context<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:129)
+        return attention_with_dropout(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)), 0.17677669529663687, mask, 0.1, self.training)  # nest/bert-base-uncased/src/lib.linnet:130
 
     def forward(self, x, mask):
-        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:98)
-        return self.output(self.context(x, mask))  # nest/bert-base-uncased/src/lib.linnet:99
+        # bert::Attention.forward<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:100)
+        return self.output(self.context(x, mask))  # nest/bert-base-uncased/src/lib.linnet:101
 
     def forward_head_masked(self, x, mask, heads):
-        # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:105)
-        return self.output(self.context(x, mask) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:110
+        # bert::Attention.forward_head_masked<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:107)
+        return self.output(self.context(x, mask) * heads.reshape(1, 12, 1, 1))  # nest/bert-base-uncased/src/lib.linnet:112
 
     def probabilities(self, x, mask):
-        # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:116)
-        return attention_probabilities(split_heads(self.query(x)), split_heads(self.key(x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:117
+        # bert::Attention.probabilities<D=384, Heads=12, T=f32, AttentionDropout=0.1, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:118)
+        return attention_probabilities(split_heads(self.query(x)), split_heads(self.key(x)), 0.17677669529663687, mask)  # nest/bert-base-uncased/src/lib.linnet:119
 
 
 class Linear_384_1536(nn.Module):
@@ -158,7 +158,7 @@ class Linear_1536_384(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:144)"""
+    """bert::EncoderLayer<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:146)"""
 
     def __init__(self):
         super().__init__()
@@ -169,22 +169,22 @@ class EncoderLayer(nn.Module):
         self.output_norm = LayerNorm()
 
     def forward(self, x, mask):
-        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:156)
-        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:158
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:159
+        # bert::EncoderLayer.forward<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:158)
+        h = self.attention_norm(x + F.dropout(self.attention(x, mask), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:160
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:161
 
     def forward_head_masked(self, x, mask, heads):
-        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:163)
-        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:168
-        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:169
+        # bert::EncoderLayer.forward_head_masked<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:165)
+        h = self.attention_norm(x + F.dropout(self.attention.forward_head_masked(x, mask, heads), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:170
+        return self.output_norm(h + F.dropout(self.down(F.gelu(self.up(h))), 0.1, self.training))  # nest/bert-base-uncased/src/lib.linnet:171
 
     def attention_probabilities(self, x, mask):
-        # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:173)
-        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:173
+        # bert::EncoderLayer.attention_probabilities<D=384, Heads=12, Inner=1536, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:175)
+        return self.attention.probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:175
 
 
 class Encoder(nn.Module):
-    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:187)"""
+    """bert::Encoder<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:189)"""
 
     def __init__(self):
         super().__init__()
@@ -192,96 +192,96 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer() for _ in range(6))
 
     def key_mask(self, attention_mask):
-        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:340)
+        # bert::Encoder.key_mask<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:342)
         B = attention_mask.shape[0]
         S = attention_mask.shape[1]
-        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:341
-        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:342
+        padding = torch.where(attention_mask == 0, -10000.0, 0.0)  # nest/bert-base-uncased/src/lib.linnet:343
+        return padding.to(torch.float32).reshape(B, 1, 1, S)  # nest/bert-base-uncased/src/lib.linnet:344
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:215)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:221
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:222
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:223
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:224
-        return x  # nest/bert-base-uncased/src/lib.linnet:226
+        # bert::Encoder.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:217)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:223
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:224
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:225
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:226
+        return x  # nest/bert-base-uncased/src/lib.linnet:228
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:232)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:238
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:239
-        states = [x]  # nest/bert-base-uncased/src/lib.linnet:240
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:240
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:241
-            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:240
-        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:240
-        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:244
+        # bert::Encoder.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:234)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:240
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:241
+        states = [x]  # nest/bert-base-uncased/src/lib.linnet:242
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:242
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:243
+            states.append(x)  # nest/bert-base-uncased/src/lib.linnet:242
+        states = torch.stack(states)  # nest/bert-base-uncased/src/lib.linnet:242
+        return states.permute(1, 0, 2, 3)  # nest/bert-base-uncased/src/lib.linnet:246
 
     def layers_forward(self, embedded, attention_mask):
-        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:329)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:330
-        x = embedded  # nest/bert-base-uncased/src/lib.linnet:331
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:332
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:333
-        return x  # nest/bert-base-uncased/src/lib.linnet:335
+        # bert::Encoder.layers_forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:331)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:332
+        x = embedded  # nest/bert-base-uncased/src/lib.linnet:333
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:334
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:335
+        return x  # nest/bert-base-uncased/src/lib.linnet:337
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:274)
-        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:281
+        # bert::Encoder.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:276)
+        return self.layers_forward(self.embeddings(tokens, token_types, position_ids), attention_mask)  # nest/bert-base-uncased/src/lib.linnet:283
 
     def forward_embedded(self, inputs_embeds, token_types, attention_mask):
-        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:285)
-        x = self.embeddings.forward_embedded(inputs_embeds, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:291
-        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:292
+        # bert::Encoder.forward_embedded<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:287)
+        x = self.embeddings.forward_embedded(inputs_embeds, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:293
+        return self.layers_forward(x, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:294
 
     def forward_full(self, tokens, token_types, attention_mask, position_ids, head_mask):
-        # bert::Encoder.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:298)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:306
-        x = self.embeddings(tokens, token_types, position_ids)  # nest/bert-base-uncased/src/lib.linnet:307
-        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:309
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:310
-            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:311
-            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:312
-        return x  # nest/bert-base-uncased/src/lib.linnet:314
+        # bert::Encoder.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:300)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:308
+        x = self.embeddings(tokens, token_types, position_ids)  # nest/bert-base-uncased/src/lib.linnet:309
+        rows = head_mask  # nest/bert-base-uncased/src/lib.linnet:311
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:312
+            x = layer.forward_head_masked(x, mask, rows[0])  # nest/bert-base-uncased/src/lib.linnet:313
+            rows = torch.cat([rows[1:], rows[:1]], dim=0)  # nest/bert-base-uncased/src/lib.linnet:314
+        return x  # nest/bert-base-uncased/src/lib.linnet:316
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:318)
-        return self.forward_full(tokens, token_types, attention_mask, positions(attention_mask), head_mask)  # nest/bert-base-uncased/src/lib.linnet:325
+        # bert::Encoder.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:320)
+        return self.forward_full(tokens, token_types, attention_mask, positions(attention_mask), head_mask)  # nest/bert-base-uncased/src/lib.linnet:327
 
     def no_probabilities(self, mask):
-        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:267)
+        # bert::Encoder.no_probabilities<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:269)
         S = mask.shape[3]
-        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:268
-        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:269
+        rows = torch.arange(12 * S, dtype=torch.int32, device=mask.device).to(torch.float32).reshape(1, 12, S, 1)  # nest/bert-base-uncased/src/lib.linnet:270
+        return rows * 0.0 + mask * 0.0  # nest/bert-base-uncased/src/lib.linnet:271
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:249)
-        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:255
-        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:256
-        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:258
-        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:259
-        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:259
-            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:260
-            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:261
-            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:259
-        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:259
-        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:263
+        # bert::Encoder.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:251)
+        mask = self.key_mask(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:257
+        x = self.embeddings(tokens, token_types, positions(attention_mask))  # nest/bert-base-uncased/src/lib.linnet:258
+        probabilities = self.no_probabilities(mask)  # nest/bert-base-uncased/src/lib.linnet:260
+        stacked = [probabilities]  # nest/bert-base-uncased/src/lib.linnet:261
+        for layer in self.layers:  # nest/bert-base-uncased/src/lib.linnet:261
+            probabilities = layer.attention_probabilities(x, mask)  # nest/bert-base-uncased/src/lib.linnet:262
+            x = layer(x, mask)  # nest/bert-base-uncased/src/lib.linnet:263
+            stacked.append(probabilities)  # nest/bert-base-uncased/src/lib.linnet:261
+        stacked = torch.stack(stacked)  # nest/bert-base-uncased/src/lib.linnet:261
+        return stacked[1:].permute(1, 0, 2, 3, 4)  # nest/bert-base-uncased/src/lib.linnet:265
 
 
 class Pooler(nn.Module):
-    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:177)"""
+    """bert::Pooler<D=384, T=f32>  (nest/bert-base-uncased/src/lib.linnet:179)"""
 
     def __init__(self):
         super().__init__()
         self.dense = Linear_384_384()
 
     def forward(self, first):
-        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:180)
-        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:181
+        # bert::Pooler.forward<D=384, T=f32, B=B>  (nest/bert-base-uncased/src/lib.linnet:182)
+        return torch.tanh(self.dense(first))  # nest/bert-base-uncased/src/lib.linnet:183
 
 
 class Model(nn.Module):
-    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:352)"""
+    """bert::Model<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12>  (nest/bert-base-uncased/src/lib.linnet:354)"""
 
     def __init__(self):
         super().__init__()
@@ -289,53 +289,53 @@ class Model(nn.Module):
         self.pooler = Pooler()
 
     def forward(self, tokens, token_types, attention_mask):
-        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
-        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:374
+        # bert::Model.forward<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:376)
+        return self.encoder(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:376
 
     def hidden_states(self, tokens, token_types, attention_mask):
-        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:374)
-        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:374
+        # bert::Model.hidden_states<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:376)
+        return self.encoder.hidden_states(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:376
 
     def pool(self, tokens, token_types, attention_mask):
-        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:377)
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:383
-        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:384
+        # bert::Model.pool<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:379)
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:385
+        return self.pooler(hidden[:, 0, :])  # nest/bert-base-uncased/src/lib.linnet:386
 
     def embed(self, tokens, token_types, attention_mask):
-        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:389)
+        # bert::Model.embed<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:391)
         B = tokens.shape[0]
         S = tokens.shape[1]
-        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:395
-        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:396
-        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:397
-        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:398
-        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:399
-        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:400
+        hidden = self.forward(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:397
+        weights = (1 - (attention_mask == 0).to(torch.int32)).to(torch.float32).reshape(B, S, 1)  # nest/bert-base-uncased/src/lib.linnet:398
+        count = torch.clamp(weights.sum(dim=1, keepdim=True), min=1e-09)  # nest/bert-base-uncased/src/lib.linnet:399
+        mean = ((hidden * weights).sum(dim=1, keepdim=True) / count).reshape(B, 384)  # nest/bert-base-uncased/src/lib.linnet:400
+        length = torch.sqrt((mean * mean).sum(dim=1, keepdim=True))  # nest/bert-base-uncased/src/lib.linnet:401
+        return mean / torch.clamp(length, min=1e-12)  # nest/bert-base-uncased/src/lib.linnet:402
 
     def forward_positioned(self, tokens, token_types, attention_mask, position_ids):
-        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:404
+        # bert::Model.forward_positioned<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+        return self.encoder.forward_positioned(tokens, token_types, attention_mask, position_ids)  # nest/bert-base-uncased/src/lib.linnet:406
 
     def forward_embeds(self, inputs_embeds, token_types, attention_mask):
-        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:404
+        # bert::Model.forward_embeds<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+        return self.encoder.forward_embedded(inputs_embeds, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:406
 
     def forward_head_masked(self, tokens, token_types, attention_mask, head_mask):
-        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:404
+        # bert::Model.forward_head_masked<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+        return self.encoder.forward_head_masked(tokens, token_types, attention_mask, head_mask)  # nest/bert-base-uncased/src/lib.linnet:406
 
     def forward_full_default_position_ids(self, attention_mask):
-        # bert::Model.forward_full_default_position_ids<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:302)
-        return positions(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
+        # bert::Model.forward_full_default_position_ids<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:304)
+        return positions(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:304
 
     def forward_full(self, tokens, token_types, attention_mask, position_ids=None, head_mask=None):
-        # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
+        # bert::Model.forward_full<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
         if position_ids is None:  # position_ids = positions(attention_mask)
-            position_ids = self.forward_full_default_position_ids(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:302
+            position_ids = self.forward_full_default_position_ids(attention_mask)  # nest/bert-base-uncased/src/lib.linnet:304
         if head_mask is None:  # head_mask = ones
-            head_mask = torch.full((6, 12), 1, dtype=torch.float32, device=tokens.device)  # nest/bert-base-uncased/src/lib.linnet:404
-        return self.encoder.forward_full(tokens, token_types, attention_mask, position_ids, head_mask)  # nest/bert-base-uncased/src/lib.linnet:404
+            head_mask = torch.full((6, 12), 1, dtype=torch.float32, device=tokens.device)  # nest/bert-base-uncased/src/lib.linnet:406
+        return self.encoder.forward_full(tokens, token_types, attention_mask, position_ids, head_mask)  # nest/bert-base-uncased/src/lib.linnet:406
 
     def attentions(self, tokens, token_types, attention_mask):
-        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:404)
-        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:404
+        # bert::Model.attentions<Vocab=30522, MaxPositions=512, TypeVocab=2, D=384, Heads=12, Inner=1536, Layers=6, T=f32, HiddenDropout=0.1, AttentionDropout=0.1, HiddenAct=gelu_erf, Eps=1e-12, B=B, S=S>  (nest/bert-base-uncased/src/lib.linnet:406)
+        return self.encoder.attentions(tokens, token_types, attention_mask)  # nest/bert-base-uncased/src/lib.linnet:406
