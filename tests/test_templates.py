@@ -1,7 +1,7 @@
 """Block templates (a block with a `Block` generic) and the block aliases that instantiate them.
 
 The resolver expands `pub block X<...> = Template<Enc<...>, ...>` into an ordinary block
-(front/resolve.py, `_Templates`), so the checker, lowering and every backend see a block as if
+(front/templates.py, `Templates`), so the checker, lowering and every backend see a block as if
 written out: these tests compare an instance with the same block written by hand, down to the
 generated code, and run one on torch, JAX and ONNX. The invalid forms are golden cases
 (`tests/golden/errors/alias_*`, `template_*`, `block_generic_as_dim`).

@@ -18,7 +18,9 @@ from .. import codes
 from ..diagnostics import Diagnostic, InternalError, LinnetError, Note, Span
 from ..dims import Facts
 from ..front import ast
-from ..front.resolve import ModuleInfo, Program, with_instance_note
+from ..front.modules import ModuleInfo
+from ..front.resolve import Program
+from ..front.templates import with_instance_note
 from ..types import Type
 from .program import BlockSig, BroadcastClause, CallInfo, CheckedProgram, FnSig, NameInfo
 

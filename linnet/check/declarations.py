@@ -11,7 +11,8 @@ from ..front import ast
 from .. import codes
 from ..diagnostics import Note, Span
 from ..dims import DimExpr
-from ..front.resolve import ModuleInfo, is_template
+from ..front.modules import ModuleInfo
+from ..front.templates import is_template
 from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from ..front import ast
 from ..diagnostics import Span
 from ..dims import DimExpr, Facts, sym
-from ..front.resolve import ModuleInfo, Program
+from ..front.modules import ModuleInfo
+from ..front.resolve import Program
 from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, MemberVar, SHAPE_KIND, RealVar, Binding, DTypeVar, ErrorT, SubArrayT, SubT, TensorT, Type,
                      Variadic, dims_only, substitute, substitute_dims)
 

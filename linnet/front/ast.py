@@ -418,7 +418,7 @@ class BlockAlias:
 
     `Template` is a block with at least one `Block` generic; the resolver expands the alias into
     an ordinary block named `name` with these generics and clauses and the template's members, the
-    template's generics replaced by `target`'s arguments (front/resolve.py, `_Templates`)."""
+    template's generics replaced by `target`'s arguments (front/templates.py, `Templates`)."""
 
     name: str
     public: bool
