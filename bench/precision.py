@@ -560,6 +560,22 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def targets_table(result: dict) -> str:
+    """Issue 27's targets beside this run's figures."""
+    goals = {"int8": "≥ 1.25x OpenVINO NNCF int8, cosine mean ≥ 0.995, min ≥ 0.98",
+             "bf16": "≥ 1.15x OpenVINO default (bf16), cosine mean ≥ 0.99998",
+             "bf16 (OpenVINO hint)": "≥ 1.15x OpenVINO default (bf16), cosine mean ≥ 0.99998",
+             "f32": "exact (max abs diff ≤ 1e-5 on normalised embeddings) and ≥ 1.00x OpenVINO f32"}
+    lines = ["| target | Linnet method | against | goal | long × | short × | cosine mean | cosine min | met |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for label, t in result["targets"].items():
+        lines.append(f"| {label} | `{t['method']}` | `{t['against']}` | {goals.get(label, '')} "
+                     f"| {_fmt(t.get('long_x'), '.2f')} | {_fmt(t.get('short_x'), '.2f')} "
+                     f"| {_fmt(t.get('cosine_mean'), '.6f')} | {_fmt(t.get('cosine_min'), '.6f')} "
+                     f"| {'**yes**' if t['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.precision", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="all-minilm-l6-v2")
@@ -574,7 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="print the method keys and exit")
+    parser.add_argument("--table", type=Path, default=None, help="print the markdown tables of a result and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        result = json.loads(args.table.read_text(encoding="utf-8"))
+        print(table(result) + "\n\n" + targets_table(result))
+        return 0
     if args.list:
         for cls in all_methods():
             print(cls.key, "-", cls.name)
