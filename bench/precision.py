@@ -281,8 +281,17 @@ def precision_method(backend: str, dtype: str, mode: str) -> type[LinnetMethod]:
     base = linnet_method(backend, dtype, mode)
     options = dict(MODES[(backend, mode)].options)
     precision = options.get("precision_hint") or options.get("precision") or dtype
+
+    def load(self) -> float:
+        seconds = base.load(self)
+        plan = getattr(getattr(self.model, "info", None), "precision", None)
+        if isinstance(plan, dict) and plan:  # onnx precision="int8": which matrices went int8, measured how
+            self.notes.append("int8 plan: " + json.dumps({k: v for k, v in plan.items() if k != "tried"},
+                                                         default=str)[:1500])
+        return seconds
+
     return type(base.__name__ + "Precision", (base,), {
-        "devices": ("cpu",), "encodes": True, "precision": precision,
+        "devices": ("cpu",), "encodes": True, "precision": precision, "load": load,
         "supports": lambda self, workload: workload == "encode",
         "__doc__": base.__doc__})
 
@@ -443,6 +452,7 @@ def run(model: str, keys: Sequence[str] | None, out: Path, *, rounds: int, n_lon
                         "top10_identical_share": float((overlap == 1).mean())})
     # 5. rounds: round r encodes each workload once with every method in turn.
     times: dict[str, dict[str, list[float]]] = {m.key: {n: [] for n in texts} for m in methods}
+    env["load_average_after_round"] = []
     for r in range(rounds):
         for m in live():
             for name, ts in texts.items():
@@ -453,7 +463,8 @@ def run(model: str, keys: Sequence[str] | None, out: Path, *, rounds: int, n_lon
                     fail(m, "rounds", exc)
                     break
                 times[m.key][name].append(time.perf_counter() - t)
-        log(f"  round {r + 1}/{rounds} done, load average {load_average()}")
+        env["load_average_after_round"].append(load_average())
+        log(f"  round {r + 1}/{rounds} done, load average {env['load_average_after_round'][-1]}")
     for m in methods:
         metrics = records[m.key]["metrics"]
         for name, ts in texts.items():
@@ -476,7 +487,10 @@ def run(model: str, keys: Sequence[str] | None, out: Path, *, rounds: int, n_lon
     result = {"date": started_at.isoformat(timespec="seconds"), "what": __doc__.split("\n")[0],
               "environment": env, "weights": weights.origin,
               "workload": {"batch": BATCH, "max_length": MAX_LENGTH, "rounds": rounds,
-                           "long": describe(texts["long"]), "short": describe(texts["short"]),
+                           "long": {**describe(texts["long"]), "made": "consecutive docstring paragraphs joined "
+                                    "until a seeded target of 150-250 tokens (the checkpoint's tokenizer)"},
+                           "short": {**describe(texts["short"]), "made": "first sentences of docstring paragraphs, "
+                                     "20-120 characters"},
                            "nn": {"queries": len(queries), "docs": len(docs), "k": 10,
                                   "reference": f"{ANCHOR} f32"},
                            "throughput": "texts/s of one encode of the workload's texts, median over rounds; "
