@@ -378,13 +378,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--perf-concurrency", help="perf_analyzer's requests in flight for the Triton methods, "
                         "comma-separated (default 1,4,16; --quick 1)")
-    parser.add_argument("--workloads", help="comma-separated, of fixed,varlen,corpus (default all three)")
+    parser.add_argument("--workloads", help="comma-separated, of fixed,varlen,corpus (default all three); "
+                        "'precision' alone runs bench.precision (reduced precision on encode) instead")
     parser.add_argument("--corpus-size", type=int, help="texts in the corpus workload (default 2000; "
                         "bert-base-uncased 500; --quick 64)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe subprocesses")
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--out", type=Path, help="default nest/<model>/bench.json (bench.cuda.json on cuda)")
     args = parser.parse_args(argv)
+    if args.workloads and "precision" in args.workloads.split(","):
+        return _precision(parser, args)
 
     workload = Workload.quick(args.device) if args.quick else Workload(device=args.device)
     changes = {k: v for k, v in (("rounds", args.rounds), ("latency_iters", args.latency_iters),
@@ -413,3 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {out} in {result['seconds']} s")
     gc.collect()
     return 0
+
+
+def _precision(parser: argparse.ArgumentParser, args) -> int:
+    """`--workloads precision`: the precision bench (bench/precision.py), its own methods and rounds."""
+    if args.workloads.strip() != "precision" or args.device != "cpu":
+        parser.error("--workloads precision runs alone, on the cpu (python -m bench.precision)")
+    from . import precision
+
+    argv = ["--model", args.model]
+    for flag, value in (("--methods", args.methods), ("--rounds", args.rounds), ("--out", args.out)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--quick"] * args.quick + ["--no-rss"] * args.no_rss
+    return precision.main(argv)

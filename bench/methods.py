@@ -521,6 +521,9 @@ MODES: dict[tuple[str, str], Mode] = {
                                       encodes=False),
     # TensorRT builds an engine per new shape profile (minutes each): no corpus.
     ("onnx", "trt"): Mode("-trt", "TensorRT", encodes=False, cuda_only=True, providers=_TRT),
+    # precision="int8": the measured int8 plan (bench.precision runs it; not in LINNET_F32).
+    ("onnx", "int8"): Mode("-int8", "precision='int8'", (("precision", "int8"),),
+                           "precision='int8': the measured int8 plan (model.info.precision)"),
     ("openvino", "default"): Mode("", ""),
     # The f32 model with bf16 arithmetic: what OpenVINO's own default would run, asked for by name.
     ("openvino", "bf16-hint"): Mode("-bf16-hint", "precision_hint='bf16'", (("precision_hint", "bf16"),),
