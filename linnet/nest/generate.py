@@ -47,24 +47,39 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
     out = [tokens]
     finished = np.zeros(tokens.shape[0], bool)
     steps = _steps(model, tokens, mask, max_new_tokens) if max_new_tokens else None
-    logits = steps.start(tokens, mask) if steps else None
-    for step in range(max_new_tokens):
-        token = choose(np.asarray(logits, np.float32))
-        if eos_token_id is not None:
-            token = np.where(finished, eos_token_id, token)
-            finished |= token == eos_token_id
-        out.append(token[:, None].astype(np.int64))
-        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
-        if finished.all() or step == max_new_tokens - 1:
-            break
-        logits = steps.step(token[:, None], mask)
+    try:
+        logits = steps.start(tokens, mask) if steps else None
+        for step in range(max_new_tokens):
+            token = choose(np.asarray(logits, np.float32))
+            if eos_token_id is not None:
+                token = np.where(finished, eos_token_id, token)
+                finished |= token == eos_token_id
+            out.append(token[:, None].astype(np.int64))
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
+            if finished.all() or step == max_new_tokens - 1:
+                break
+            if not getattr(steps, "validates", False):
+                _check_ids(model, token)
+            logits = steps.step(token[:, None], mask)
+    finally:
+        if steps is not None:
+            getattr(steps, "close", lambda: None)()
     return np.concatenate(out, axis=1)
+
+
+def _check_ids(model, token: np.ndarray) -> None:
+    """A step that runs its entry unvalidated still refuses an id outside the vocabulary (an
+    `eos_token_id` past it) by name, as `decode`'s validation would."""
+    model.validate("prefill", token[:, None].astype(np.int64), attention_mask=np.ones((token.shape[0], 1), np.int64))
 
 
 class EntrySteps:
     """The loop's two calls on the model's own entries, each validated against its signature:
     `start` runs `prefill` and returns the next token's scores [B, Vocab], `step` extends the
     cache with `decode`. The cache stays in the backend's array type between steps."""
+
+    #: Each step's inputs are checked by the entry's own validation (else the loop checks the ids).
+    validates = True
 
     def __init__(self, model):
         self.model = model
@@ -108,10 +123,14 @@ def _left_pad(array: np.ndarray, width: int) -> np.ndarray:
 
 def _steps(model, tokens: np.ndarray, mask: np.ndarray, new: int):
     """A runtime's own stepping where it has one (ONNX Runtime: the per-layer past-key-value
-    graphs with IOBinding), else the entries. The prompt is validated against `prefill`'s
+    graphs with IOBinding; torch: the entries on a cache preallocated for prompt plus new
+    tokens and written in place, `linnet/backends/torch_cache.py`), else the entries. The prompt is validated against `prefill`'s
     signature first either way (ids inside the vocabulary), so bad input fails before compute."""
     own = getattr(model.runtime, "decoder_steps", None)
     steps = own() if own is not None else None
+    buffered = getattr(model.runtime, "cache_buffer_steps", None)
+    if steps is None and buffered is not None:  # torch: the cache in one buffer, written in place
+        steps = buffered(tokens.shape[1] + new)
     if steps is None and getattr(model.runtime, "compiles_per_shape", False) and new > 1:
         model.validate("prefill", tokens, attention_mask=mask)  # before the padding, so errors name the prompt
         return WindowSteps(model, tokens.shape[1] + new)
