@@ -58,8 +58,6 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
             if finished.all() or step == max_new_tokens - 1:
                 break
-            if not getattr(steps, "validates", False):
-                _check_ids(model, token)
             logits = steps.step(token[:, None], mask)
     finally:
         if steps is not None:
@@ -67,19 +65,10 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
     return np.concatenate(out, axis=1)
 
 
-def _check_ids(model, token: np.ndarray) -> None:
-    """A step that runs its entry unvalidated still refuses an id outside the vocabulary (an
-    `eos_token_id` past it) by name, as `decode`'s validation would."""
-    model.validate("prefill", token[:, None].astype(np.int64), attention_mask=np.ones((token.shape[0], 1), np.int64))
-
-
 class EntrySteps:
     """The loop's two calls on the model's own entries, each validated against its signature:
     `start` runs `prefill` and returns the next token's scores [B, Vocab], `step` extends the
     cache with `decode`. The cache stays in the backend's array type between steps."""
-
-    #: Each step's inputs are checked by the entry's own validation (else the loop checks the ids).
-    validates = True
 
     def __init__(self, model):
         self.model = model
