@@ -7,8 +7,10 @@ the cache one position longer.  The loop here is the same on every backend: it r
 entries through the model's own validated `run`, so each step is checked against the
 entry's signature (a cache of the wrong shape, an id outside the vocabulary) before compute.
 A runtime may step on its own instead (`decoder_steps()`: ONNX Runtime runs optimum-style
-graphs with a key and a value per layer, `linnet/backends/onnx_decoder.py`); the prompt is
-still validated against `prefill` first.
+graphs with a key and a value per layer, `linnet/backends/onnx_decoder.py`; `cache_buffer_steps(total)`:
+torch and JAX run the entries on one cache preallocated for the whole call and written in
+place, `linnet/backends/torch_cache.py` and `JaxRingSteps`, docs/llama.md "The cache"); the
+prompt is still validated against `prefill` first.
 
 Choosing a token follows transformers' `generate`: greedy is the first maximum of the logits;
 sampling divides by `temperature`, keeps the `top_k` largest, then the smallest set whose
