@@ -145,9 +145,10 @@ def test_the_buffer_writes_each_position_once_and_falls_back_to_cat():
         assert other.untyped_storage().data_ptr() != buffer.ptr and buffer.copied == 1
         torch.testing.assert_close(slot[..., 4, :], column[..., 0, :], rtol=0, atol=0)
         torch.testing.assert_close(grown, torch.cat([cache, new], 4), rtol=0, atol=0)
-        # Not the buffer's prefix (positions 1..3), a copy of it, or past its capacity: torch.cat.
+        # Not the buffer's prefix (positions 1..3), a copy of it, or past its capacity (5 written
+        # positions and 4 more in a buffer of 8): torch.cat.
         for a, b, dim in ((cache[..., 1:, :], new, 4), (cache.clone(), new, 4),
-                          (buffer.view(8), new, 4)):
+                          (buffer.view(5), torch.cat([new] * 4, 4), 4)):
             out = buffer.append(a, b, dim)
             assert out.untyped_storage().data_ptr() != buffer.ptr
             torch.testing.assert_close(out, torch.cat([a, b], dim), rtol=0, atol=0)
