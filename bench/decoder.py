@@ -229,9 +229,24 @@ def _concat_steps(base):
     return type(f"{base.__name__}_concat", (base,), {"key": f"{base.key}-concat-steps", "__init__": __init__})
 
 
+class LinnetOnnxShared(Linnet):
+    """ONNX Runtime with one copy of the weights for all sessions (`share_weights=True`,
+    docs/backend-onnx.md: pre-packing off), the memory-lean option."""
+
+    key = "linnet-onnx-shared-weights"
+    backend = "onnx"
+
+    def __init__(self, weights: Path):
+        from linnet import nest
+        from linnet.nest.generate import _steps
+
+        self.model = nest.load(linnet_entry(weights), backend="onnx", weights=_weights_of(weights), share_weights=True)
+        self._steps = _steps
+
+
 ALL = ([Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
        + [_torch_kernels(False), _torch_kernels(True)])
-ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])]
+ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared]
 BY_KEY = {m.key: m for m in ALL}
 
 
@@ -294,10 +309,10 @@ def _rss_kib(field: str) -> int:
 
 def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
     """One method alone in this (child) process: load it, run one generate of the bench's
-    prompt, and report its resident memory: after the load, and the peak over the load and
-    the generate (VmHWM; ru_maxrss agrees)."""
-    import resource
-
+    prompt, and report its resident memory: after the load, the peak over the load and the
+    generate (VmHWM), and the peak during the generate alone (VmHWM reset after the load by
+    writing 5 to /proc/self/clear_refs). Not ru_maxrss: a child started by fork and exec
+    reports its parent's peak there."""
     import torch
 
     if threads is not None:
@@ -305,11 +320,16 @@ def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | Non
     vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
     tokens = prompt(seq, vocab)
     method = BY_KEY[key](weights)
-    loaded = _rss_kib("VmRSS")
+    loaded, load_peak = _rss_kib("VmRSS"), _rss_kib("VmHWM")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        reset = False
     out = method.generate(tokens, new)
-    return {"rss_after_load_mib": loaded / 1024, "peak_rss_mib": _rss_kib("VmHWM") / 1024,
-            "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "tokens": out.tolist()}
+    peak = _rss_kib("VmHWM")
+    return {"rss_after_load_mib": loaded / 1024, "peak_rss_mib": max(peak, load_peak) / 1024,
+            "generate_peak_rss_mib": peak / 1024 if reset else None, "tokens": out.tolist()}
 
 
 def peak_rss(keys: list[str], weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
@@ -356,7 +376,8 @@ def summarise(results: dict, outputs: dict, new: int) -> dict:
 
 def print_ratios(result: dict) -> None:
     for key, r in result.get("peak_rss", {}).items():
-        print(f"{key:24s} peak RSS {r['peak_rss_mib']:8.0f} MiB (after load {r['rss_after_load_mib']:.0f})"
+        print(f"{key:24s} peak RSS {r['peak_rss_mib']:8.0f} MiB (after load {r['rss_after_load_mib']:.0f}, "
+              f"during generate {r['generate_peak_rss_mib'] or -1:.0f})"
               if "error" not in r else f"{key:24s} peak RSS error: {r['error']}", file=sys.stderr)
     for key, m in result["methods"].items():
         if m.get("error"):
@@ -411,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss:
         result["peak_rss"] = peak_rss(keys, weights, seq=args.seq, new=args.new_tokens, threads=args.threads)
         result["peak_rss_note"] = ("each method alone in a fresh process: its load and one generate of the timed "
-                                   "workload; MiB (VmHWM)")
+                                   "workload; MiB (VmHWM over both, and over the generate alone)")
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
                           "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),
