@@ -15,7 +15,7 @@ positions, and passes `decode` the filled prefix, a view; each step's appends fi
 P, and the returned cache is the prefix one longer, the same storage throughout.
 
 Why this is exact whatever the entry does with its cache: every element of the buffer is
-written at most once (`written`, per slot and position). An append writes only positions
+written at most once (`filled`: per slot, the positions written so far). An append writes only positions
 past the view it extends, which no view handed out covers yet; a second append over a
 position already written (the Llama decode's final concat writes the columns its layers
 wrote) must carry the same values there, checked, or it falls back to `torch.cat`. So a
@@ -24,8 +24,6 @@ Anything that does not fit (another shape, dtype or stride, a view not at the bu
 start, no room left) is `torch.cat`.
 """
 from __future__ import annotations
-
-import numpy as np
 
 
 class CacheBuffer:
@@ -43,9 +41,11 @@ class CacheBuffer:
         self.axis = axis
         self.capacity = capacity
         self.ptr = self.data.untyped_storage().data_ptr()
-        #: (slot, position) -> written once: `append` never writes one twice with other values.
-        self.written = np.zeros((shape[0], capacity), bool)
-        self.written[:, :filled] = True
+        #: Per slot, how many positions from the first are written: an append writes only the
+        #: positions after them, and compares (never rewrites) positions already written.
+        self.filled = [filled] * shape[0]
+        #: (offset, shape, strides, dtype, dim) of a view -> its (first slot, slot count), or None.
+        self._geometry: dict = {}
         #: How many appends wrote in place, and how many fell back to torch.cat (tests read them).
         self.in_place = self.copied = 0
 
@@ -54,45 +54,70 @@ class CacheBuffer:
         return self.data.narrow(self.axis, 0, length)
 
     def append(self, a, b, dim: int):
-        """`torch.cat([a, b], dim)`, written into the buffer after `a` when `a` is a prefix of it."""
+        """`torch.cat([a, b], dim)`, written into the buffer after `a` when `a` is a prefix of it.
+        Kept to a few tensor calls: it runs once per layer per step."""
+        key = (a.storage_offset(), a.shape, a.stride(), a.dtype, dim)
+        slots = self._geometry.get(key, False)
+        if slots is False:
+            slots = self._geometry[key] = self._slots(a, dim)
+        shape = a.shape
+        n = shape[dim]
+        if (slots is None or b.dim() != a.dim() or b.dtype != a.dtype or b.shape[:dim] != shape[:dim]
+                or b.shape[dim + 1:] != shape[dim + 1:]):
+            return self._cat(a, b, dim)
+        m = b.shape[dim]
+        if m <= 0 or n + m > self.capacity:
+            return self._cat(a, b, dim)
+        first, count = slots
+        grown = list(shape)
+        grown[dim] = n + m
+        grown = a.as_strided(grown, a.stride(), a.storage_offset())
+        region = grown.narrow(dim, n, m)
+        filled = self.filled
+        if count == 1 and a.dim() < self.data.dim():  # one slot
+            have = filled[first]
+            if have == n:
+                region.copy_(b)
+                filled[first] = n + m
+            elif have < n + m or not _equal(region, b):
+                return self._cat(a, b, dim)
+        else:
+            runs = self._runs(first, count, n, m)
+            if runs is None:
+                return self._cat(a, b, dim)
+            written, todo = runs
+            for start, stop in written:  # the same values only, else a view handed out would change
+                if not _equal(region[start:stop], b[start:stop]):
+                    return self._cat(a, b, dim)
+            for start, stop in todo:
+                region[start:stop].copy_(b[start:stop])
+                filled[first + start:first + stop] = [n + m] * (stop - start)
+        self.in_place += 1
+        return grown
+
+    def _runs(self, first: int, count: int, n: int, m: int):
+        """The slots of a run (relative to `first`) whose positions n..n+m are all written, and
+        those with none written, as (start, stop) runs each; None if any is partly written or a
+        slot's written positions stop short of n (a view over positions never written)."""
+        written, todo = [], []
+        for index, have in enumerate(self.filled[first:first + count]):
+            if have == n:
+                runs = todo
+            elif have >= n + m:
+                runs = written
+            else:
+                return None
+            if runs and runs[-1][1] == index:
+                runs[-1] = (runs[-1][0], index + 1)
+            else:
+                runs.append((index, index + 1))
+        return written, todo
+
+    def _cat(self, a, b, dim: int):
         import torch
 
-        slots = self._slots(a, dim)
-        n, m = a.shape[dim], b.shape[dim] if b.dim() == a.dim() else -1
-        expected = list(a.shape)
-        expected[dim] = m
-        if (slots is None or m <= 0 or list(b.shape) != expected or b.dtype != a.dtype or b.device != a.device
-                or n + m > self.capacity):
-            self.copied += 1
-            return torch.cat([a, b], dim=dim)
-        first, count = slots
-        written = self.written[first:first + count, n:n + m]
-        whole = written.all(axis=1)
-        region = a.as_strided(expected, a.stride(), a.storage_offset() + n * a.stride(dim))
-        if written.any():
-            # Positions another append wrote: only the same values may go there (else a view
-            # already handed out would change); the rest is written below.
-            if not (whole | ~written.any(axis=1)).all():
-                self.copied += 1
-                return torch.cat([a, b], dim=dim)
-            done = np.flatnonzero(whole)
-            index = torch.from_numpy(done).to(a.device)
-            same = (torch.equal(region, b) if a.dim() < self.data.dim()
-                    else torch.equal(region.index_select(0, index), b.index_select(0, index)))
-            if not same:
-                self.copied += 1
-                return torch.cat([a, b], dim=dim)
-            todo = np.flatnonzero(~whole)
-            if len(todo) and a.dim() == self.data.dim():
-                for start, stop in _runs(todo):
-                    region[start:stop].copy_(b[start:stop])
-        else:
-            region.copy_(b)
-        self.written[first:first + count, n:n + m] = True
-        self.in_place += 1
-        grown = list(a.shape)
-        grown[dim] = n + m
-        return a.as_strided(grown, a.stride(), a.storage_offset())
+        self.copied += 1
+        return torch.cat([a, b], dim=dim)
 
     def _slots(self, a, dim: int):
         """(first slot, slot count) when `a` is the buffer's first positions over a run of
@@ -123,8 +148,7 @@ class CacheBuffer:
         return first, count
 
 
-def _runs(indices: np.ndarray):
-    """Consecutive runs of sorted indices as (start, stop) pairs."""
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    for run in np.split(indices, breaks):
-        yield int(run[0]), int(run[-1]) + 1
+def _equal(x, y) -> bool:
+    import torch
+
+    return torch.equal(x, y)
