@@ -1,7 +1,7 @@
 """The decoder bench: GPT-2's prefill and greedy decoding on Linnet's backends against transformers.
 
     python -m bench.decoder [--methods KEY,...] [--rounds 3] [--new-tokens 128] [--seq 128] [--threads N]
-                            [--weights DIR] [--quick] [--out FILE]
+                            [--weights DIR] [--quick] [--rss] [--out FILE]
 
 Weights: a full-size synthetic GPT-2 (openai-community/gpt2's config, random weights, written
 by transformers' own `save_pretrained` through tests/fixtures/gpt2.py) made once in the bench
@@ -23,7 +23,11 @@ fixed order, so drift of the machine hits all alike), medians over rounds:
 * decode: greedy generate of `--new-tokens` tokens (no early stop) from the same prompt;
   decode tokens/s = (new tokens - 1) / (generate's time - that method's prefill median).
 
-Each Linnet method's tokens are compared with transformers' (`same_tokens`). Ratios against
+Each Linnet method's tokens are compared with transformers' (`same_tokens`). A method key
+ending `-concat-steps` runs generate on the cache path from before the cache was written in
+place (the entries' concatenations on torch, the shifted window on JAX), for a before/after
+pair in one run. `--rss` then runs each method alone in a child process (its load and one
+generate of the same prompt) and reports its peak resident memory (`peak_rss`). Ratios against
 transformers are printed and written: `decode_speedup` (tokens/s over transformers', target
 >= 1.5 on the best backend) and `prefill_ratio` (time over transformers', target <= 1.0).
 Numbers on a shared machine are rough; the lead runs the bench on a quiet one.
@@ -212,8 +216,37 @@ def _torch_kernels(structural: bool):
                 {"key": f"linnet-torch-auto-{suffix}", "structural": structural})
 
 
+def _concat_steps(base):
+    """`base` with generate on the cache path before it was written in place: the entries run
+    as their source says (`EntrySteps` on torch: each step concatenates the cache twice and
+    validates it; `WindowSteps` on JAX: a fixed window shifted a position per step), the runtime's
+    `cache_buffer_steps` hidden. The before/after pair of one interleaved run."""
+
+    def __init__(self, weights: Path):
+        base.__init__(self, weights)
+        self.model.runtime.cache_buffer_steps = None  # generate then takes the entries' path
+
+    return type(f"{base.__name__}_concat", (base,), {"key": f"{base.key}-concat-steps", "__init__": __init__})
+
+
+class LinnetOnnxShared(Linnet):
+    """ONNX Runtime with one copy of the weights for all sessions (`share_weights=True`,
+    docs/backend-onnx.md: pre-packing off), the memory-lean option."""
+
+    key = "linnet-onnx-shared-weights"
+    backend = "onnx"
+
+    def __init__(self, weights: Path):
+        from linnet import nest
+        from linnet.nest.generate import _steps
+
+        self.model = nest.load(linnet_entry(weights), backend="onnx", weights=_weights_of(weights), share_weights=True)
+        self._steps = _steps
+
+
 ALL = ([Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
        + [_torch_kernels(False), _torch_kernels(True)])
+ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared]
 BY_KEY = {m.key: m for m in ALL}
 
 
@@ -263,6 +296,63 @@ def run(keys: list[str], weights: Path, *, seq: int, new: int, rounds: int, pref
     return summarise(results, outputs, new)
 
 
+# ------------------------------------------------------------------------- peak RSS
+
+
+def _rss_kib(field: str) -> int:
+    """This process's VmRSS (now) or VmHWM (its peak) in KiB, from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
+    """One method alone in this (child) process: load it, run one generate of the bench's
+    prompt, and report its resident memory: after the load, the peak over the load and the
+    generate (VmHWM), and the peak during the generate alone (VmHWM reset after the load by
+    writing 5 to /proc/self/clear_refs). Not ru_maxrss: a child started by fork and exec
+    reports its parent's peak there."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
+    tokens = prompt(seq, vocab)
+    method = BY_KEY[key](weights)
+    loaded, load_peak = _rss_kib("VmRSS"), _rss_kib("VmHWM")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        reset = False
+    out = method.generate(tokens, new)
+    peak = _rss_kib("VmHWM")
+    return {"rss_after_load_mib": loaded / 1024, "peak_rss_mib": max(peak, load_peak) / 1024,
+            "generate_peak_rss_mib": peak / 1024 if reset else None, "tokens": out.tolist()}
+
+
+def peak_rss(keys: list[str], weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
+    """`rss_child` for each method in a fresh interpreter, one after another (the artifacts a
+    first load exports are already cached by the timed run)."""
+    import subprocess
+
+    results = {}
+    for key in keys:
+        command = [sys.executable, "-m", "bench.decoder", "--rss-child", key, "--weights", str(weights),
+                   "--seq", str(seq), "--new-tokens", str(new)] + ([] if threads is None else ["--threads", str(threads)])
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+        try:
+            results[key] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            results[key] = {"error": f"exit {done.returncode}: {done.stderr.strip()[-400:]}"}
+    reference = results.get(REFERENCE, {}).get("tokens")
+    for key, r in results.items():
+        if "tokens" in r:
+            r["same_tokens"] = reference is not None and r.pop("tokens") == reference
+    return results
+
+
 def summarise(results: dict, outputs: dict, new: int) -> dict:
     methods = {}
     for key, r in results.items():
@@ -285,6 +375,10 @@ def summarise(results: dict, outputs: dict, new: int) -> dict:
 
 
 def print_ratios(result: dict) -> None:
+    for key, r in result.get("peak_rss", {}).items():
+        print(f"{key:24s} peak RSS {r['peak_rss_mib']:8.0f} MiB (after load {r['rss_after_load_mib']:.0f}, "
+              f"during generate {r['generate_peak_rss_mib'] or -1:.0f})"
+              if "error" not in r else f"{key:24s} peak RSS error: {r['error']}", file=sys.stderr)
     for key, m in result["methods"].items():
         if m.get("error"):
             print(f"{key:24s} error: {m['error']}", file=sys.stderr)
@@ -313,7 +407,15 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: torch's own). On a shared machine 1 avoids OpenMP's pathology: "
                              "a 2-thread team with a core taken by another process ran SmolLM2's decode 20x slower")
     parser.add_argument("--out", type=Path, help="write the JSON here as well as printing it")
+    parser.add_argument("--rss", action="store_true",
+                        help="also each method's peak resident memory over its load and one generate, each in a "
+                             "process of its own (`peak_rss`)")
+    parser.add_argument("--rss-child", metavar="KEY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rss_child:  # one method's peak RSS, in the child process `peak_rss` started
+        result = rss_child(args.rss_child, args.weights, seq=args.seq, new=args.new_tokens, threads=args.threads)
+        print(json.dumps(result))
+        return 0
     import torch
 
     if args.threads is not None:
@@ -327,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.weights or {"smollm2": smollm2_folder, "qwen2": synthetic_qwen2, "gpt2": synthetic_gpt2}[args.model]()
     rounds, iters = (1, 1) if args.quick else (args.rounds, args.prefill_iters)
     result = run(keys, weights, seq=args.seq, new=args.new_tokens, rounds=rounds, prefill_iters=iters)
+    if args.rss:
+        result["peak_rss"] = peak_rss(keys, weights, seq=args.seq, new=args.new_tokens, threads=args.threads)
+        result["peak_rss_note"] = ("each method alone in a fresh process: its load and one generate of the timed "
+                                   "workload; MiB (VmHWM over both, and over the generate alone)")
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
                           "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),

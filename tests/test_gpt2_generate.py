@@ -6,8 +6,9 @@ is loaded through a zoo entry over `nest/gpt2`'s source and compared with transf
 and ONNX Runtime; the smallest margin between transformers' two best scores is printed, so a
 near-tie would show. Then:
 
-* JAX and StableHLO step on a cache of one length (`WindowSteps`): every decode call sees the
-  same shapes, so each entry compiles once per generate call, not once per position;
+* JAX and StableHLO step on a cache of one length (JAX's `JaxRingSteps`, updated in place;
+  StableHLO's `WindowSteps`): every decode call sees the same shapes, so each entry (JAX: its
+  one jitted step) compiles once per generate call, not once per position;
 * the ONNX runtime's optimum-style graphs (`decoder_model.onnx`, `decoder_with_past_model.onnx`):
   their inputs and outputs by name and dims, their results against the entries (1e-5), and
   generate running on them through IOBinding rather than on the entries;
@@ -115,13 +116,22 @@ def test_compiling_backends_step_on_one_cache_length(models, backend, monkeypatc
     monkeypatch.setattr(model.runtime, "run", lambda entry, inputs: (
         shapes.append((entry, tuple(tuple(np.shape(a)) for a in inputs))), run(entry, inputs))[1])
     tokens, mask = left_padded([5, 2], seed=2)
+    compiled = model.runtime.ring_step()._cache_size() if backend == "jax" else 0
     model.generate(tokens, 9, attention_mask=mask)
     decodes = {s for entry, s in shapes if entry == "decode"}
     logits = {s for entry, s in shapes if entry == "next_logits"}
+    cache = (LAYERS + 1, 2, 2, HEADS, 13, DH)  # the prompt (5) padded to 5 + 9 - 1 positions, kept there
+    if backend == "jax":
+        # JAX steps on one cache updated in place (`JaxRingSteps`): `prefill` and `next_logits`
+        # at that length once, then 8 calls of one jitted decode step, compiled once.
+        assert {s for entry, s in shapes if entry == "prefill"} == {((2, 13), (2, 13))}
+        assert logits == {(cache,)} and not decodes
+        assert model.runtime.ring_step()._cache_size() - compiled <= 1
+        return
     assert len([1 for entry, _ in shapes if entry == "decode"]) == 8
-    # The prompt (5) padded to 5 + 9 - 1 positions, kept there: one shape per entry.
-    assert decodes == {((2, 1), (LAYERS + 1, 2, 2, HEADS, 13, DH), (2, 14))}
-    assert logits == {((LAYERS + 1, 2, 2, HEADS, 13, DH),)}
+    # One shape per entry.
+    assert decodes == {((2, 1), cache, (2, 14))}
+    assert logits == {(cache,)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -105,6 +105,77 @@ class JaxRuntime:
         return self._entries[entry](self.params, *arrays, **extra)
 
 
+    # ------------------------------------------------- generate's cache, updated in place
+
+    def cache_buffer_steps(self, total: int):
+        """generate's steps on one fixed-size cache updated in place (`JaxRingSteps`), or None
+        for a source without the decoder entries."""
+        if not all(e in self._entries for e in ("prefill", "decode", "next_logits")):
+            return None
+        return JaxRingSteps(self, total)
+
+    def ring_step(self):
+        """`decode` then `next_logits` as one jitted function whose cache argument is donated:
+        (params, token, ring, mask, slot) -> (ring with the new position at `slot`, scores)."""
+        if getattr(self, "_ring_step", None) is None:
+            import jax
+            from jax import lax
+
+            decode, next_logits = self.module.ENTRIES["decode"], self.module.ENTRIES["next_logits"]
+
+            def step(params, token, ring, mask, slot):
+                grown = decode(params, token, ring, mask)  # [..., W + 1, Dh]: only its last position is kept,
+                axis = grown.ndim - 2                      # so XLA drops the concatenation that grew it
+                column = lax.slice_in_dim(grown, grown.shape[axis] - 1, grown.shape[axis], axis=axis)
+                return lax.dynamic_update_slice_in_dim(ring, column, slot, axis=axis), next_logits(params, grown)
+
+            self._ring_step = jax.jit(step, donate_argnums=(2,))
+        return self._ring_step
+
+
+class JaxRingSteps:
+    """generate's `start`/`step` on JAX with one cache of `total - 1` positions written in place.
+
+    `prefill` runs on the prompt left-padded to `total - 1` positions, as `WindowSteps` runs it
+    (linnet/nest/generate.py). Its padding positions, never attended to, are the slots the new
+    tokens take: step t runs `decode` on the cache as it is, with the mask over its positions
+    plus the new one, keeps only the new position of the result (which lets XLA drop the grown
+    cache) and writes it at slot t with `dynamic_update_slice` into the cache passed in, donated,
+    so XLA updates that buffer in place; the slot's mask then turns 1. Attention weighs keys by
+    the mask, not by where they sit, and `positions(attention_mask)` counts the real tokens, so
+    a token's keys may sit anywhere; `next_logits` is read off the grown cache inside the same
+    jitted call. Each layer still attends over `concat(cache[slot], column)`, a copy of that
+    layer's keys and values a step: jit's fixed shapes give the attention no view of a prefix."""
+
+    def __init__(self, runtime: JaxRuntime, total: int):
+        self.runtime = runtime
+        self.width = total - 1
+        self.ring = self.mask = None
+        self.next = 0
+        self._step = runtime.ring_step()
+
+    def start(self, tokens, mask):
+        pad = self.width - tokens.shape[1]
+        tokens, mask = (np.concatenate([np.zeros((a.shape[0], pad), a.dtype), a], axis=1) for a in (tokens, mask))
+        self.ring = self.runtime.run("prefill", [tokens.astype(np.int32), mask.astype(np.int32)])
+        self.mask = mask.astype(np.int32)
+        self.next = 0
+        return np.asarray(self.runtime.run("next_logits", [self.ring]))
+
+    def step(self, token, mask):
+        import jax
+
+        slot = self.next
+        if slot >= self.width or self.mask[:, slot].any():
+            raise RuntimeError(f"the cache has no free slot for step {slot}")  # generate never asks for one
+        full = np.concatenate([self.mask, mask[:, -1:].astype(np.int32)], axis=1)
+        arrays = [jax.device_put(a, self.runtime.device) for a in (token.astype(np.int32), full)]
+        self.ring, logits = self._step(self.runtime.params, arrays[0], self.ring, arrays[1], np.int32(slot))
+        self.mask[:, slot] = full[:, -1]
+        self.next += 1
+        return np.asarray(logits)
+
+
 def generated_source(ctx: LoadContext) -> Path:
     """The entry's JAX source, emitted once per cache key."""
     from .jax_source import emit

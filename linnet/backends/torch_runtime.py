@@ -62,6 +62,7 @@ class TorchRuntime:
         self.program = program
         self.mode = mode
         generated = import_generated(source_path, module_name)
+        self.module = generated
         with torch.device("meta"):
             model = getattr(generated, py_name(program.root))()
         # Taken out of `tensors` (the caller's temporary), so the model holds the only
@@ -97,6 +98,85 @@ class TorchRuntime:
         tensors = [None if a is None else torch.from_numpy(a).to(self.device, non_blocking=True) for a in inputs]
         with torch.inference_mode():
             return self._entries[entry](*tensors)
+
+
+    # ------------------------------------------------- generate's cache, written in place
+
+    def cache_buffer_steps(self, total: int):
+        """generate's steps with the cache in one preallocated buffer written in place
+        (`torch_cache`), or None where the entries cannot take it: a compiled mode (the
+        buffer's checks are Python), or a source whose `decode` appends no input in place."""
+        from .torch_source import BUFFERS
+
+        if self.mode != "eager" or not hasattr(self.module, BUFFERS) or "decode" not in self._entries:
+            return None
+        return TorchBufferSteps(self, total)
+
+    def call(self, entry: str, *tensors):
+        """An entry on torch tensors as they are, unvalidated: generate's own loop only."""
+        import torch
+
+        with torch.inference_mode():
+            return self._entries[entry](*tensors)
+
+
+class TorchBufferSteps:
+    """generate's `start`/`step` on torch with the decode cache in a `CacheBuffer`:
+    `[Slots, 2, B, Heads, total - 1, Dh]` allocated once after `prefill`, each `decode` given
+    the filled prefix (a view) and writing its new position in place. Registered in the
+    generated module's `_BUFFERS` from `start` to `close` only."""
+
+    def __init__(self, runtime: TorchRuntime, total: int):
+        self.runtime = runtime
+        self.capacity = max(total - 1, 1)  # the last decode's cache: prompt + new - 1 positions
+        self.buffer = None
+        self.cache = None
+        entry = runtime.program.entries["decode"]
+        self._types = [dtypes_numpy(t.dtype) for _, t in entry.inputs]
+        self._axis = entry.inputs[1][1].rank - 2  # the cache's positions: [..., P, Dh]
+
+    def start(self, tokens, mask):
+        import torch
+
+        from .torch_cache import CacheBuffer
+        from .torch_source import BUFFERS
+
+        cache = self.runtime.call("prefill", *self._tensors(tokens, mask))
+        with torch.inference_mode():
+            self.buffer = CacheBuffer(cache, max(self.capacity, cache.shape[self._axis]), self._axis)
+            self.cache = self.buffer.view(cache.shape[self._axis])
+        del cache
+        getattr(self.runtime.module, BUFFERS)[self.buffer.ptr] = self.buffer
+        return self._logits()
+
+    def step(self, token, mask):
+        token_t, mask_t = self._tensors(token, mask)
+        self.cache = self.runtime.call("decode", token_t, self.cache, mask_t)
+        return self._logits()
+
+    def close(self):
+        from .torch_source import BUFFERS
+
+        if self.buffer is not None:
+            getattr(self.runtime.module, BUFFERS).pop(self.buffer.ptr, None)
+
+    def _logits(self):
+        return self.runtime.call("next_logits", self.cache).detach().cpu().numpy()
+
+    def _tensors(self, tokens, mask):
+        """The token ids and the mask as the entries take them (prefill's and decode's types
+        agree: i32), on the runtime's device."""
+        import torch
+
+        numpy_type = self._types[0]
+        return [torch.from_numpy(np.ascontiguousarray(a, dtype=numpy_type)).to(self.runtime.device)
+                for a in (tokens, mask)]
+
+
+def dtypes_numpy(dtype: str):
+    from .. import dtypes
+
+    return dtypes.by_name(dtype).numpy_type()
 
 
 def generated_source(ctx: LoadContext) -> Path:

@@ -132,7 +132,34 @@ def _emit_reduce(w, e: ir.Op, scope: Scope):
 @EMISSIONS.register("concat")
 def _emit_concat(w, e: ir.Op, scope: Scope):
     parts = concat_parts(w, e, scope, lambda atom, shape: f"{atom}.expand({shape})")
+    if len(parts) == 2 and _onto_input(e.args[0], scope):
+        # A cache grown by one concat a step (a decoder's `decode`): `generate` may hold the
+        # input in a preallocated buffer that takes the new part in place (`torch_cache`).
+        return f"{CAT_ONTO}({parts[0]}, {parts[1]}, {e.attr('axis')})", ATOM
     return f"torch.cat([{', '.join(parts)}], dim={e.attr('axis')})", ATOM
+
+
+#: The generated module's helper for a concat onto an input, and its registry of buffers.
+CAT_ONTO, BUFFERS = "_cat_onto", "_BUFFERS"
+CAT_ONTO_SOURCE = f"""\
+#: Storage -> a preallocated cache buffer (linnet/backends/torch_cache.py) that `{CAT_ONTO}` may
+#: write into in place; linnet's `generate` fills it for the length of one call. Empty, as it
+#: is everywhere else, `{CAT_ONTO}` is `torch.cat`.
+{BUFFERS} = {{}}
+
+
+def {CAT_ONTO}(a, b, dim):
+    buffer = {BUFFERS}.get(a.untyped_storage().data_ptr()) if {BUFFERS} else None
+    return torch.cat([a, b], dim=dim) if buffer is None else buffer.append(a, b, dim)
+"""
+
+
+def _onto_input(arg: ir.Expr, scope: Scope) -> bool:
+    """`arg` is one of the function's inputs, or a slot of one (`cache[i + 1]`: integer indices
+    only), as a decoder's cache is where its `decode` appends a position."""
+    if isinstance(arg, ir.Op) and arg.op == "index" and all(item[0] == "index" for item in arg.attr("items")):
+        arg = arg.args[0]
+    return isinstance(arg, ir.Ref) and any(name == arg.name for name, _ in scope.fn.params)
 
 
 @EMISSIONS.register("take")
@@ -229,8 +256,12 @@ class TorchEmitter(PyWriter):
             handle = self.namer.assign(fn, self._function(fn))
             if handle is not None:
                 (methods[fn.block] if fn.block else free_defs).append(handle)
-        for handle in free_defs:
-            lines += ["", self.namer.text(handle), ""]
+        texts = [self.namer.text(h) for h in free_defs]
+        if any(f"{CAT_ONTO}(" in self.namer.text(h) for hs in methods.values() for h in hs) or any(
+                f"{CAT_ONTO}(" in t for t in texts):
+            lines += ["", CAT_ONTO_SOURCE]
+        for text in texts:
+            lines += ["", text, ""]
         for block_id in self._class_order():
             texts = [self.namer.text(h) for h in methods[block_id]]
             lines += ["", self._class(self.program.blocks[block_id], texts), ""]

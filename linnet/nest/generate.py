@@ -7,8 +7,10 @@ the cache one position longer.  The loop here is the same on every backend: it r
 entries through the model's own validated `run`, so each step is checked against the
 entry's signature (a cache of the wrong shape, an id outside the vocabulary) before compute.
 A runtime may step on its own instead (`decoder_steps()`: ONNX Runtime runs optimum-style
-graphs with a key and a value per layer, `linnet/backends/onnx_decoder.py`); the prompt is
-still validated against `prefill` first.
+graphs with a key and a value per layer, `linnet/backends/onnx_decoder.py`; `cache_buffer_steps(total)`:
+torch and JAX run the entries on one cache preallocated for the whole call and written in
+place, `linnet/backends/torch_cache.py` and `JaxRingSteps`, docs/llama.md "The cache"); the
+prompt is still validated against `prefill` first.
 
 Choosing a token follows transformers' `generate`: greedy is the first maximum of the logits;
 sampling divides by `temperature`, keeps the `top_k` largest, then the smallest set whose
@@ -47,17 +49,21 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
     out = [tokens]
     finished = np.zeros(tokens.shape[0], bool)
     steps = _steps(model, tokens, mask, max_new_tokens) if max_new_tokens else None
-    logits = steps.start(tokens, mask) if steps else None
-    for step in range(max_new_tokens):
-        token = choose(np.asarray(logits, np.float32))
-        if eos_token_id is not None:
-            token = np.where(finished, eos_token_id, token)
-            finished |= token == eos_token_id
-        out.append(token[:, None].astype(np.int64))
-        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
-        if finished.all() or step == max_new_tokens - 1:
-            break
-        logits = steps.step(token[:, None], mask)
+    try:
+        logits = steps.start(tokens, mask) if steps else None
+        for step in range(max_new_tokens):
+            token = choose(np.asarray(logits, np.float32))
+            if eos_token_id is not None:
+                token = np.where(finished, eos_token_id, token)
+                finished |= token == eos_token_id
+            out.append(token[:, None].astype(np.int64))
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
+            if finished.all() or step == max_new_tokens - 1:
+                break
+            logits = steps.step(token[:, None], mask)
+    finally:
+        if steps is not None:
+            getattr(steps, "close", lambda: None)()
     return np.concatenate(out, axis=1)
 
 
@@ -108,10 +114,14 @@ def _left_pad(array: np.ndarray, width: int) -> np.ndarray:
 
 def _steps(model, tokens: np.ndarray, mask: np.ndarray, new: int):
     """A runtime's own stepping where it has one (ONNX Runtime: the per-layer past-key-value
-    graphs with IOBinding), else the entries. The prompt is validated against `prefill`'s
+    graphs with IOBinding; torch: the entries on a cache preallocated for prompt plus new
+    tokens and written in place, `linnet/backends/torch_cache.py`), else the entries. The prompt is validated against `prefill`'s
     signature first either way (ids inside the vocabulary), so bad input fails before compute."""
     own = getattr(model.runtime, "decoder_steps", None)
     steps = own() if own is not None else None
+    buffered = getattr(model.runtime, "cache_buffer_steps", None)
+    if steps is None and buffered is not None:  # torch: the cache in one buffer, written in place
+        steps = buffered(tokens.shape[1] + new)
     if steps is None and getattr(model.runtime, "compiles_per_shape", False) and new > 1:
         model.validate("prefill", tokens, attention_mask=mask)  # before the padding, so errors name the prompt
         return WindowSteps(model, tokens.shape[1] + new)
