@@ -1,6 +1,7 @@
 """ModernBERT (nest/modernbert-base, linnet/nest/families/modernbert.py) against transformers.
 
-* `linnet check modernbert-base` proves the entry at answerdotai/ModernBERT-base's sizes.
+* `linnet check modernbert-base` and `linnet check modernbert-large` prove the entries at
+  answerdotai/ModernBERT-base's and -large's sizes, with transformers' parameter counts.
 * A tiny random ModernBertForMaskedLM and its bare ModernBertModel, saved by transformers' own
   `save_pretrained` and loaded as folders: 4 layers with full attention at layers 0 and 3 and a
   sliding window of 2 positions either side (narrower than the 10-token batch) in layers 1 and 2,
@@ -146,6 +147,27 @@ def test_check_proves_the_entry_at_modernbert_bases_sizes(capsys):
     count = sum(p.numel() for p in reference.parameters())
     assert f"params: {count:,} in" in out
     assert "-> Tensor[B, S, 50368; f32] where S <= 8192" in out
+
+
+def test_check_proves_the_entry_at_modernbert_larges_sizes(capsys):
+    """nest/modernbert-large: answerdotai/ModernBERT-large's config (28 layers of width 1024, 16
+    heads, intermediate 2624, vocab 50368) on the base entry's source; its parameter count is
+    transformers' ModernBertForMaskedLM built on the meta device from that config."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from linnet.cli import main
+
+    assert main(["check", "modernbert-large"]) == 0
+    out = capsys.readouterr().out
+    with torch.device("meta"):
+        reference = ModernBertForMaskedLM(ModernBertConfig(hidden_size=1024, num_attention_heads=16,
+                                                           intermediate_size=2624, num_hidden_layers=28,
+                                                           vocab_size=50368))
+    count = sum(p.numel() for p in reference.parameters())
+    assert count == 395_881_664
+    assert f"params: {count:,} in" in out
+    assert "-> Tensor[B, S, 1024; f32] where S <= 8192" in out
 
 
 def _raises(code: str, call, *args) -> str:

@@ -44,10 +44,78 @@ _UNARY_FUNCS = {"erf": "lax.erf", "tanh": "jnp.tanh", "exp": "jnp.exp", "log": "
                 "sin": "jnp.sin", "cos": "jnp.cos"}
 
 
+#: Queries at or below this many run attention in one pass, the body's own [.., Q, K] scores;
+#: above it, `ATTENTION_CHUNK` queries at a time (`ATTENTION_HELPERS`).
+ATTENTION_ONE_PASS = 1024
+#: Queries per step of the chunked form: its scores are [.., 256, K] (B=1, 12 heads, K=8192:
+#: 96 MiB in f32) instead of [.., Q, K] (3 GiB at Q = 8192).
+ATTENTION_CHUNK = 256
+
+ATTENTION_HELPERS = f"""
+def _linnet_attention(q, k, v, scale, mask, mask_rows):
+    # softmax(q k^T * scale + mask) v, std.nn.attention's body.  Up to {ATTENTION_ONE_PASS} queries it runs
+    # as written; beyond, a loop takes {ATTENTION_CHUNK} queries at a time (the last chunk starts at
+    # Q - {ATTENTION_CHUNK}, dynamic_slice's clamp), so only one chunk's scores [.., {ATTENTION_CHUNK}, K] exist at once.
+    # Every query row is the same softmax over the same keys either way.  `mask_rows`: the
+    # mask has a row per query (its next-to-last dim is Q, not 1), sliced with the queries.
+    def rows(qc, mc):
+        scores = (qc @ jnp.swapaxes(k, -2, -1)) * scale
+        if mc is not None:
+            scores = scores + mc
+        return jax.nn.softmax(scores, axis=-1) @ v
+
+    queries = q.shape[-2]
+
+    def chunked():
+        size = min(queries, {ATTENTION_CHUNK}) if isinstance(queries, int) else jax.core.min_dim(queries, {ATTENTION_CHUNK})
+        steps = (jnp.asarray(queries, jnp.int32) + size - 1) // size
+        out = jnp.zeros(q.shape[:-1] + v.shape[-1:], jnp.result_type(q, v))
+
+        def step(i, out):
+            start = i * size
+            qc = lax.dynamic_slice_in_dim(q, start, size, axis=q.ndim - 2)
+            mc = lax.dynamic_slice_in_dim(mask, start, size, axis=mask.ndim - 2) if mask_rows else mask
+            return lax.dynamic_update_slice_in_dim(out, rows(qc, mc).astype(out.dtype), start, axis=out.ndim - 2)
+
+        return lax.fori_loop(0, steps, step, out)
+
+    if isinstance(queries, int):
+        return rows(q, mask) if queries <= {ATTENTION_ONE_PASS} else chunked()
+    # A symbolic Q (jax.export, StableHLO).  Its `where` clauses decide: at most {ATTENTION_ONE_PASS} (BERT's
+    # S <= 512), or no bound at all, is the one-pass form as before; bounded above {ATTENTION_ONE_PASS}
+    # (ModernBERT's S <= 8192), a cond, whose predicate is a constant once a call's shapes are known.
+    if _linnet_decided(lambda: queries <= {ATTENTION_ONE_PASS}) or not _linnet_decided(lambda: queries <= 2**31 - 1):
+        return rows(q, mask)
+    return lax.cond(jnp.asarray(queries) <= {ATTENTION_ONE_PASS}, lambda: rows(q, mask), chunked)
+
+
+def _linnet_decided(comparison):
+    # True where jax.export's constraints prove a comparison of dims, else False.
+    try:
+        return bool(comparison())
+    except Exception:  # jax's InconclusiveDimensionOperation
+        return False
+"""
+
+
+def _mask_rows(fn: ir.Function) -> bool:
+    """Whether attention's mask (a param of fn) has a row per query: rank 2 or more and its
+    next-to-last dim not 1."""
+    mask = fn.params[4][1]
+    return mask is not None and mask.rank >= 2 and str(mask.dims[-2]) != "1"
+
+
+def _fused_attention(fn: ir.Function, args: list[str]) -> str:
+    q, k, v, scale, mask = args
+    return f"_linnet_attention({q}, {k}, {v}, {scale}, {mask}, {_mask_rows(fn)})"
+
+
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
-#: exactly what the Linnet body does.  Attention and layer_norm are not here: their bodies
-#: are already plain jnp expressions, and jax has no fused layer norm to call.
+#: exactly what the Linnet body does.  Attention is `_linnet_attention` (`ATTENTION_HELPERS`),
+#: its body in query chunks once Q passes `ATTENTION_ONE_PASS`; layer_norm is not here, its
+#: body is already plain jnp expressions, and jax has no fused layer norm to call.
 FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
+    kernels.ATTENTION: _fused_attention,
     kernels.GELU_ERF: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=False)",
     kernels.GELU_TANH: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=True)",
     kernels.RELU: lambda fn, a: f"jax.nn.relu({a[0]})",
@@ -253,6 +321,8 @@ class JaxEmitter(PyWriter):
                   "", "import jax", "import jax.numpy as jnp", "from jax import lax", ""]
         if self.dropping:
             lines += DROPOUT_HELPERS.splitlines()
+        if self.fused and any(f.source == kernels.ATTENTION for f in self.program.functions.values()):
+            lines += ATTENTION_HELPERS.splitlines()
         handles: list[int] = []
         for fn_id in emission_order(self.program):
             fn = self.program.functions[fn_id]

@@ -23,7 +23,7 @@ entry runs, and each layer's key and value are sliced out of its result.
 """
 from __future__ import annotations
 
-from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type
+from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type, graph_inputs_used
 from .onnx_views import forward_views
 from ..middle import ir
 
@@ -108,7 +108,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
         em.reserve(out_name)
         _slot(em, cache, stream, layer, part, float_type, out_name)
         outputs.append(helper.make_tensor_value_info(out_name, float_type, present_dims))
-    used = {i for node in em.nodes for i in node.input}
+    used = graph_inputs_used(em.nodes)
     initializers = [t for t in em.initializers if t.name in used]
     graph = helper.make_graph(em.nodes, f"{name}-{scope}", inputs, outputs, initializer=initializers,
                               doc_string=f"{name}: {doc}, inputs and outputs as optimum names them")

@@ -189,6 +189,18 @@ class GraphEmitter:
     # --------------------------------------------------------------- dims
     def bind_dims(self, entry: ir.Entry) -> None:
         self._dim_sources = dict(entry.dim_sources)
+        #: The largest value the entry's `where` clauses allow a dim (`S <= 8192`), by its text.
+        self.bounds: dict[str, int] = {}
+        for left, op, right, _ in entry.preconditions:
+            limit = right.as_int()
+            if limit is not None and op in ("<=", "<"):
+                self.bounds[str(left)] = limit - (op == "<")
+
+    def upper_bound(self, expr: DimExpr) -> int | None:
+        """The largest value `expr` may take in the entry being emitted: a constant, or a dim
+        one of its `where` clauses bounds; None when nothing bounds it."""
+        value = expr.as_int()
+        return value if value is not None else getattr(self, "bounds", {}).get(str(expr))
 
     def dim(self, expr: DimExpr) -> str:
         """A dim's value as an int64 tensor of shape [1], computed from the input shapes."""

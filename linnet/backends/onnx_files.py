@@ -16,6 +16,31 @@ IR_VERSION = 8
 EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2
 
 
+def graph_inputs_used(nodes) -> set[str]:
+    """Every value name the nodes read, the nodes of their subgraphs (a Loop's body, which
+    reads the outer graph's values by name) included."""
+    used: set[str] = set()
+    for node in nodes:
+        used.update(node.input)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                used |= graph_inputs_used(attr.g.node)
+            for graph in attr.graphs:
+                used |= graph_inputs_used(graph.node)
+    return used
+
+
+def node_reads(node) -> set[str]:
+    """The value names one node reads: its inputs and what its subgraphs read by name."""
+    reads = {i for i in node.input if i}
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            reads |= graph_inputs_used(attr.g.node)
+        for graph in attr.graphs:
+            reads |= graph_inputs_used(graph.node)
+    return reads
+
+
 def elem_type(dtype: str) -> int:
     """A Linnet dtype as an ONNX TensorProto element type."""
     return dtypes.by_name(dtype).onnx

@@ -45,6 +45,14 @@ def _fused_layer_norm(em: GraphEmitter, frame: _Frame, args: list[str], scalars:
     return em.node("LayerNormalization", inputs, elem_type(dtype), scope=scope, doc=doc, axis=-1, epsilon=eps_expr)
 
 
+#: Attention whose query count the entry's `where` clauses let pass this (ModernBERT's S <= 8192)
+#: runs in a Loop over chunks of `ATTENTION_CHUNK` queries, so its scores are never [.., Q, K] at
+#: once.  A query dim no clause bounds keeps the one-pass form, as every entry had before.
+ATTENTION_ONE_PASS = 1024
+#: Queries per Loop iteration: [.., 256, K] scores (B=1, 12 heads, K=8192: 96 MiB in f32).
+ATTENTION_CHUNK = 256
+
+
 def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
     fn = frame.fn
     q, k, v, scale, mask = args
@@ -57,11 +65,84 @@ def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: 
                                                      scope=scope, doc=doc + ", scale folded into Q")
     rank = fn.params[1][1].rank
     keys = em.node("Transpose", [k], out, scope=scope, doc=doc, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    queries = frame.resolve(fn.params[0][1].dims[-2])
+    bound = em.upper_bound(queries)
+    if bound is not None and bound > ATTENTION_ONE_PASS:
+        mask_type = fn.params[4][1]
+        mask_rows = bool(mask) and mask_type.rank >= 2 and str(mask_type.dims[-2]) != "1"
+        return _chunked_attention(em, scaled, keys, v, mask if mask else None, mask_rows,
+                                  mask_type.rank if mask else 0, queries, rank, dtype, scope, doc)
     scores = em.node("MatMul", [scaled, keys], out, scope=scope, doc=doc)
     if mask:
         scores = em.node("Add", [scores, mask], out, scope=scope, doc=doc + ", mask added")
     probs = softmax(em, scores, dtype, -1, scope, doc)
     return em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
+
+
+def _chunked_attention(em: GraphEmitter, q: str, keys: str, v: str, mask: str | None, mask_rows: bool,
+                       mask_rank: int, queries, rank: int, dtype: str, scope: str, doc: str) -> str:
+    """softmax(q keys + mask) v in a Loop over chunks of min(Q, ATTENTION_CHUNK) query rows:
+    iteration i slices rows [i c, i c + c) of q (and of the mask, when it has a row per query),
+    pads a short last chunk with zero rows to c, and emits its [.., c, Dv] rows as a scan
+    output; the [n, .., c, Dv] result is put back in row order and cut to Q rows.  Each row is
+    the one-pass form's softmax over the same keys; only one chunk's scores exist at a time."""
+    from onnx import TensorProto, helper
+
+    out = elem_type(dtype)
+    i64 = TensorProto.INT64
+    doc = doc + f", a Loop over chunks of {ATTENTION_CHUNK} queries"
+    axis = rank - 2
+    # Outside the loop: Q, the chunk size c = min(Q, CHUNK) and the trip count ceil(Q / c).
+    total = em.dim(queries)
+    size = em.node("Min", [total, em.constant([ATTENTION_CHUNK], "i64", (1,))], i64, scope=scope, doc=doc)
+    rounded = em.node("Add", [total, em.node("Sub", [size, em.constant([1], "i64", (1,))], i64, scope=scope,
+                                             doc=doc)], i64, scope=scope, doc=doc)
+    steps = em.node("Squeeze", [em.node("Div", [rounded, size], i64, scope=scope, doc=doc)], i64, scope=scope,
+                    doc=doc + ", the trip count")
+    one_axis = em.constant([axis], "i64", (1,))
+
+    # The body: its nodes go to their own list; names stay unique across the whole graph.
+    outer_nodes, outer_casts = em.nodes, dict(em._casts)
+    em.nodes = []
+    iteration, condition = em._unique(f"{scope}/loop_i"), em._unique(f"{scope}/loop_cond")
+    index = em.node("Unsqueeze", [iteration, em.constant([0], "i64", (1,))], i64, scope=scope, doc=doc)
+    start = em.node("Mul", [index, size], i64, scope=scope, doc=doc)
+    end = em.node("Add", [start, size], i64, scope=scope, doc=doc)
+
+    def rows(x: str, x_rank: int) -> str:
+        """x's rows [start, end) along its next-to-last axis, a short last chunk padded with zero
+        rows to the chunk size."""
+        at = x_rank - 2
+        part = em.node("Slice", [x, start, end, em.constant([at], "i64", (1,))], em.types.get(x, out), scope=scope,
+                       doc=doc)
+        have = em.node("Shape", [part], i64, scope=scope, doc=doc, start=at, end=at + 1)
+        missing = em.node("Sub", [size, have], i64, scope=scope, doc=doc)
+        before = em.constant([0] * (x_rank + at), "i64", (x_rank + at,))
+        pads = em.node("Concat", [before, missing, em.constant([0], "i64", (1,))], i64, scope=scope, doc=doc, axis=0)
+        return em.node("Pad", [part, pads], em.types.get(x, out), scope=scope, doc=doc + ", last chunk padded")
+
+    scores = em.node("MatMul", [rows(q, rank), keys], out, scope=scope, doc=doc)
+    if mask:
+        chunk_mask = rows(mask, mask_rank) if mask_rows else mask
+        scores = em.node("Add", [scores, chunk_mask], out, scope=scope, doc=doc + ", mask added")
+    probs = softmax(em, scores, dtype, -1, scope, doc)
+    chunk = em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
+    keep = em.node("Identity", [condition], TensorProto.BOOL, scope=scope, doc=doc)
+    body = helper.make_graph(
+        em.nodes, f"{scope}/attention_chunk",
+        [helper.make_tensor_value_info(iteration, i64, []), helper.make_tensor_value_info(condition, TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(keep, TensorProto.BOOL, []), helper.make_tensor_value_info(chunk, out, None)])
+    em.nodes, em._casts = outer_nodes, outer_casts
+
+    stacked = em.node("Loop", [steps, ""], out, scope=scope, doc=doc, body=body)  # [n, *Lead, c, Dv]
+    # [n, *Lead, c, Dv] -> [*Lead, n, c, Dv] -> [*Lead, n c, Dv] -> the first Q rows.
+    moved = em.node("Transpose", [stacked], out, scope=scope, doc=doc,
+                    perm=list(range(1, axis + 1)) + [0, axis + 1, axis + 2])
+    lead = em.node("Shape", [moved], i64, scope=scope, doc=doc, start=0, end=axis)
+    width = em.node("Shape", [moved], i64, scope=scope, doc=doc, start=axis + 2, end=axis + 3)
+    flat = em.node("Reshape", [moved, em.node("Concat", [lead, em.constant([-1], "i64", (1,)), width], i64,
+                                              scope=scope, doc=doc, axis=0)], out, scope=scope, doc=doc)
+    return em.node("Slice", [flat, em.constant([0], "i64", (1,)), total, one_axis], out, scope=scope, doc=doc)
 
 
 def _fused_attention_dropout(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:

@@ -44,7 +44,7 @@ from ..middle import ir
 # The public names of the ONNX emitter, importable from here as before the split.
 from .onnx_emissions import EMISSIONS, Site
 from .onnx_emitter import DATA_OP_TYPES, GraphEmitter
-from .onnx_files import (default_file, EXTERNAL_DATA_BYTES, IR_VERSION, OPSET, DeferredWeight, ModelFile, elem_type, inline_weights,
+from .onnx_files import (graph_inputs_used, default_file, EXTERNAL_DATA_BYTES, IR_VERSION, OPSET, DeferredWeight, ModelFile, elem_type, inline_weights,
                          layout, metadata, save, unsupported, value_dims)
 from .onnx_fused import FUSED, softmax
 
@@ -104,7 +104,7 @@ def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[st
                                                                value_dims(entry.result)))
         # Arguments are emitted before a fused form decides which it needs (LayerNormalization
         # takes epsilon as an attribute), so drop constants that no node reads.
-        used = {i for node in em.nodes for i in node.input}
+        used = graph_inputs_used(em.nodes)
         initializers = [t for t in em.initializers if t.name in used]
         graph = helper.make_graph(em.nodes, name, inputs, graph_outputs, initializer=initializers,
                                   doc_string=f"{name}: entries {', '.join(model_file.entries)}")
@@ -150,7 +150,7 @@ def default_model(program: ir.Program, tensors: dict, entry: ir.Entry, param: st
     result = types[param]
     em.node("Identity", [value], elem_type(result.dtype), scope=f"{entry.name}.{param}",
             doc=f"the default of `{param}` of entry `{entry.name}`: {default.text}", output=param)
-    used = {i for node in em.nodes for i in node.input}
+    used = graph_inputs_used(em.nodes)
     graph = helper.make_graph(em.nodes, f"{entry.name}_default_{param}", graph_inputs,
                               [helper.make_tensor_value_info(param, elem_type(result.dtype), value_dims(result))],
                               initializer=[t for t in em.initializers if t.name in used],

@@ -18,7 +18,7 @@ from .. import codes
 from . import LoadContext, cache_dir
 from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
-from .onnx_files import WEIGHTS_FILE, default_file, entry_file
+from .onnx_files import WEIGHTS_FILE, default_file, entry_file, node_reads
 
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
@@ -390,7 +390,7 @@ def cut_to_output(model, output):
         needed.add(name)
         node = producer.get(name)
         if node is not None:
-            pending.extend(i for i in node.input if i)
+            pending.extend(node_reads(node))  # a Loop's body reads outer values by name
     cut = onnx.ModelProto()
     cut.CopyFrom(model)  # cheap: the initializers hold references, not data
     for field, keep in (("node", lambda n: any(o in needed for o in n.output)),

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .onnx_files import node_reads
+
 #: ends at or past this are "to the end" (what exporters write for INT64_MAX).
 _TO_END = 2 ** 62
 
@@ -272,7 +274,7 @@ def forward_views(model) -> None:
     for node in reversed(out_nodes):
         if any(o in needed for o in node.output):
             kept.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(node_reads(node))  # a Loop's body reads outer values by name
     kept.reverse()
     del graph.node[:]
     graph.node.extend(kept)
