@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
-    parser.add_argument("--out", type=Path, default=Path("nest/modernbert-base/bench.json"))
+    parser.add_argument("--out", type=Path, default=Path("nest/modernbert-base/long-inputs-bench.json"))
     args = parser.parse_args(argv)
 
     from bench.contention import ContentionMeter
