@@ -252,16 +252,22 @@ class _ToAst(Transformer):
         public, name, type_, value = children
         return ast.Const(str(name), public, type_, value, self._s(meta), self._t(name))
 
-    def block_decl(self, meta, children):
-        public, name, *rest = children
-        generics, where, members = [], [], []
+    @staticmethod
+    def _header(rest) -> tuple[list, list, list]:
+        """A block's or alias's generics and where clauses, and what else follows them."""
+        generics, where, others = [], [], []
         for child in rest:
             if isinstance(child, tuple) and child[0] == "generics":
                 generics = child[1]
             elif isinstance(child, tuple) and child[0] == "where":
                 where = child[1]
             else:
-                members.append(child)
+                others.append(child)
+        return generics, where, others
+
+    def block_decl(self, meta, children):
+        public, name, *rest = children
+        generics, where, members = self._header(rest)
         return ast.Block(
             name=str(name), public=public, generics=generics, where=where,
             params=[m for m in members if isinstance(m, ast.ParamDecl)],
@@ -273,14 +279,7 @@ class _ToAst(Transformer):
 
     def block_alias(self, meta, children):
         public, name, *rest = children
-        generics, where, target = [], [], None
-        for child in rest:
-            if isinstance(child, tuple) and child[0] == "generics":
-                generics = child[1]
-            elif isinstance(child, tuple) and child[0] == "where":
-                where = child[1]
-            else:
-                target = child
+        generics, where, [target] = self._header(rest)
         return ast.BlockAlias(str(name), public, generics, where, target, self._s(meta), self._t(name))
 
     def block_arg(self, meta, children):
