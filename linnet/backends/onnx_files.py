@@ -22,17 +22,17 @@ def graph_inputs_used(nodes) -> set[str]:
     used: set[str] = set()
     for node in nodes:
         used.update(node.input)
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                used |= graph_inputs_used(attr.g.node)
-            for graph in attr.graphs:
-                used |= graph_inputs_used(graph.node)
+        used |= _subgraph_reads(node)
     return used
 
 
 def node_reads(node) -> set[str]:
     """The value names one node reads: its inputs and what its subgraphs read by name."""
-    reads = {i for i in node.input if i}
+    return {i for i in node.input if i} | _subgraph_reads(node)
+
+
+def _subgraph_reads(node) -> set[str]:
+    reads: set[str] = set()
     for attr in node.attribute:
         if attr.HasField("g"):
             reads |= graph_inputs_used(attr.g.node)
