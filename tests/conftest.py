@@ -25,6 +25,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 # `linnet.middle.optimize` runs `ir.verify` after every pass, so a pass that breaks the IR is named.
 os.environ["LINNET_VERIFY_PASSES"] = "1"
+# Loads that do not pass `kernels=` use the default kernels and sessions instead of measuring
+# the machine's fastest ones. The measurement runs once per distinct model, and the suite
+# loads hundreds of distinct small models: it cost each a few seconds (about 40% of
+# tests/test_modernbert.py's time). It only ever picks a candidate within 1e-5 of the
+# default's output, and the modules that test it (and the loads users get) ask for it with
+# the `measured_kernels` fixture below.
+os.environ.setdefault("LINNET_KERNELS", "default")
 
 from pathlib import Path  # noqa: E402
 
@@ -87,6 +94,17 @@ def linnet_cache(tmp_path_factory):
         os.environ.pop("LINNET_CACHE", None)
     else:
         os.environ["LINNET_CACHE"] = previous
+
+
+@pytest.fixture(scope="module")
+def measured_kernels():
+    """Loads in the module measure kernels and session options as a user's default load does
+    (`kernels="auto"`), instead of the suite's `LINNET_KERNELS=default`. A module asks for it
+    with `pytestmark = pytest.mark.usefixtures("measured_kernels")`, which pytest sets up
+    before the module's other module-scoped fixtures (and so before their loads)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LINNET_KERNELS", "auto")
+        yield
 
 
 @pytest.fixture(scope="session")

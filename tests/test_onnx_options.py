@@ -16,6 +16,9 @@ from linnet import nest
 from linnet.backends import onnx_options
 from linnet.diagnostics import LinnetError
 
+# These tests are about the per-machine measurement that `kernels="auto"` runs.
+pytestmark = pytest.mark.usefixtures("measured_kernels")
+
 TEXTS = ["The cat sat on the mat.", "Interest rates rose again, the central bank said on Tuesday.", "Hi"]
 
 
@@ -79,6 +82,20 @@ def test_the_probe_sessions_are_opened_in_a_child_process(minilm_checkpoint, fre
     assert model.runtime.session_choice.measured, "the probe measured nothing"
     assert fresh_choice.exists()
     assert [p.rsplit("/", 1)[-1] for p in opened] == ["model.forward.onnx"]
+
+
+def test_the_environment_sets_kernels_for_loads_that_do_not(minilm_checkpoint, fresh_choice, monkeypatch):
+    monkeypatch.setenv("LINNET_KERNELS", "default")
+    monkeypatch.setattr(onnx_options, "_measure", lambda *a, **k: pytest.fail("measured with LINNET_KERNELS=default"))
+    model = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu")
+    assert model.runtime.session_choice.settings == {} and not fresh_choice.exists()
+    monkeypatch.setenv("LINNET_KERNELS", "fastest")
+    with pytest.raises(LinnetError) as caught:
+        nest.load("all-minilm-l6-v2", backend="onnx", device="cpu")
+    assert caught.value.code == "E0807"
+    assert "$LINNET_KERNELS is 'fastest'; expected one of 'auto', 'default'" in str(caught.value)
+    # A load's own `kernels=` wins over the environment.
+    nest.load("all-minilm-l6-v2", backend="onnx", device="cpu", kernels="default")
 
 
 def test_kernels_default_measures_nothing(minilm_checkpoint, fresh_choice, monkeypatch):

@@ -16,6 +16,9 @@ from linnet import nest
 from linnet.backends import torch_kernels
 from linnet.diagnostics import LinnetError
 
+# These tests are about the per-machine measurement that `kernels="auto"` runs.
+pytestmark = pytest.mark.usefixtures("measured_kernels")
+
 TEXTS = ["The cat sat on the mat.", "Interest rates rose again, the central bank said on Tuesday."]
 
 

@@ -19,6 +19,9 @@ from linnet.backends import xla_options
 from linnet.backends.xla_options import XlaChoice
 from linnet.diagnostics import LinnetError
 
+# These tests are about the per-machine measurement that `kernels="auto"` runs.
+pytestmark = pytest.mark.usefixtures("measured_kernels")
+
 TEXTS = ["The cat sat on the mat.", "Interest rates rose again, the central bank said on Tuesday.", "Hi"]
 
 
@@ -134,6 +137,7 @@ _CRASHING_CHILD = """
 import os, signal
 import numpy as np
 from linnet.backends import xla_options
+
 result = np.linspace(-3.0, 3.0, 4096, dtype=np.float32)
 def build(options):
     if options.get("crash"):

@@ -61,6 +61,23 @@ INT8_MAX_COSINE_LOSS = 0.005
 INT8_MIN_COSINE = 0.98
 
 
+#: The environment variable that sets `kernels=` for loads that do not pass it: "default" lets a
+#: CI job or a fleet of short-lived workers skip every per-machine measurement.
+KERNELS_ENV = "LINNET_KERNELS"
+
+
+def kernel_choice(kernels: str | None) -> str:
+    """`kernels=` as a load runs it: the caller's value, else $LINNET_KERNELS, else "auto"."""
+    if kernels is not None:
+        return kernels
+    chosen = os.environ.get(KERNELS_ENV) or "auto"
+    if chosen not in KERNEL_CHOICES:
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION,
+                                     f"${KERNELS_ENV} is {chosen!r}; expected one of "
+                                     + ", ".join(repr(c) for c in KERNEL_CHOICES)))
+    return chosen
+
+
 def _kernels(what: str, bad_value=codes.UNKNOWN_BACKEND_OPTION) -> Option:
     return Option("kernels", (str,), "auto",
                   f'"auto" measures {what} once per machine and takes the fastest within 1e-5 of the default\'s '

@@ -187,10 +187,10 @@ def generated_source(ctx: LoadContext) -> Path:
 def xla_choice(device, kernels: str | None, backend: str = "jax"):
     """The XLA compiler options to compile the entries with (`linnet.backends.xla_options`):
     measured on a CPU device with kernels="auto" (the default), XLA's defaults otherwise."""
-    from . import cache_dir
+    from . import cache_dir, kernel_choice
     from .xla_options import XlaChoice, choose
 
-    if (kernels or "auto") != "auto" or resolve_device(device, backend).platform != "cpu":
+    if kernel_choice(kernels) != "auto" or resolve_device(device, backend).platform != "cpu":
         return XlaChoice({})
     return choose(cache_dir=cache_dir())
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import codes
-from . import LoadContext, cache_dir
+from . import LoadContext, cache_dir, kernel_choice
 from .. import dtypes
 from ..diagnostics import Diagnostic, LinnetError
 from .onnx_files import WEIGHTS_FILE, default_file, entry_file, node_reads
@@ -457,7 +457,7 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
     chosen = resolve_providers(providers, device)  # before reading any weights
     bf16_compute = bf16_compute_for(_float_dtype(ctx), _provider_name(chosen[0]) == "CPUExecutionProvider")
     folder = export_folder(ctx, bf16_compute, share_weights=bool(share_weights))
-    runtime = OnnxRuntime(ctx, folder, chosen, kernels or "auto", share_weights=bool(share_weights))
+    runtime = OnnxRuntime(ctx, folder, chosen, kernel_choice(kernels), share_weights=bool(share_weights))
     runtime.bf16_compute = bf16_compute
     if int8:
         runtime.finish_load = lambda model: runtime.plan_int8(model, calibration, max_cosine_loss, min_cosine)

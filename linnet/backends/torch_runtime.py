@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import codes
 from ..middle import ir
-from . import TORCH_MODES, LoadContext
+from . import TORCH_MODES, LoadContext, kernel_choice
 from ..diagnostics import Diagnostic, LinnetError
 from .pysource import import_generated, py_name
 
@@ -73,7 +73,7 @@ class TorchRuntime:
         self.model = model.to(self.device).eval()
         #: Shape -> the Linear kernel chosen at load (`torch_kernels`); empty when none was probed.
         self.kernels = {}
-        if mode == "eager" and (kernels or "auto") == "auto" and self.device.type == "cpu":
+        if mode == "eager" and kernel_choice(kernels) == "auto" and self.device.type == "cpu":
             self.kernels = choose_and_apply(self.model, program, cache_dir=cache_dir())
         self._entries = {name: self._prepare(name) for name in program.entries}
 
