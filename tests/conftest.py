@@ -51,6 +51,25 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_HF_HOME, ignore_errors=True)
 
 
+#: Seconds spent per test file (setup, call and teardown together), for the summary below.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The 20 test files that took longest: where a CI run near its time budget can save."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.section("slowest 20 test files")
+    for path, spent in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"{spent:8.1f}s {100 * spent / total:5.1f}%  {path}")
+
+
 @pytest.fixture(scope="session")
 def hf_cache() -> Path:
     """The hub cache huggingface_hub uses in this session: `$HF_HOME/hub`."""
