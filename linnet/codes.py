@@ -327,9 +327,9 @@ TRITON_BAD_DTYPE: Final = _register("E0844", "triton-bad-dtype", "triton",
 TRITON_BAD_REPOSITORY: Final = _register("E0845", "triton-bad-repository", "triton",
     "the repository path is a file, or the model folder exists without a `config.pbtxt`")
 TRITON_RAGGED_UNSUPPORTED: Final = _register("E0846", "triton-ragged-unsupported", "triton",
-    "`export-triton --ragged` cannot serve this: an output with a row per token (Triton's ONNX Runtime "
-    "backend splits outputs per request by batch size), inputs that are not `[B, S]` tokens, or not the "
-    "onnxruntime runtime with batching")
+    "`export-triton --ragged` cannot serve this: an output with neither a row per request nor one per "
+    "token (`hidden_states`, `attentions`), inputs that are not `[B, S]` tokens, or not the onnxruntime "
+    "runtime with batching")
 
 # -- manifest: nest.toml and linnet.toml (nest/manifest.py)
 UNKNOWN_ZOO_ENTRY: Final = _register("E0901", "unknown-zoo-entry", "manifest",

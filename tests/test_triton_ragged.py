@@ -43,11 +43,12 @@ def minilm_io(minilm_checkpoint):
 
 def test_ragged_config_fields(minilm_io):
     io = ragged_io(minilm_io)
-    # Per-token outputs (hidden [B, S, D], hidden_states) cannot be split back per request.
-    assert [o.name for o in io.outputs] == ["pooled", "embedding"]
+    # A row per request (pooled, embedding) or per token (hidden [B, S, D]) comes back per
+    # request; hidden_states [B, Layers + 1, S, D] has neither and is left out.
+    assert [o.name for o in io.outputs] == ["hidden", "pooled", "embedding"]
     assert [t.name for t in io.inputs] == ["tokens", "token_types"]  # the mask is implied
     configs = {name: parse(text) for name, text in layout_configs(io, max_queue_delay_us=500).items()}
-    for output in ("pooled", "embedding"):
+    for output, dims in (("hidden", [-1, 384]), ("pooled", [384]), ("embedding", [384])):
         step = configs[f"{MINILM}.{output}"]
         assert step.max_batch_size == 8 and step.HasField("dynamic_batching")
         assert [(i.name, list(i.dims), i.allow_ragged_batch) for i in step.input] == [
@@ -56,16 +57,24 @@ def test_ragged_config_fields(minilm_io):
         assert batch_input.kind == model_config_pb2.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT
         assert list(batch_input.target_name) == [RAGGED_ENDS] and list(batch_input.source_input) == ["tokens"]
         assert batch_input.data_type == model_config_pb2.TYPE_INT32
-        assert [(o.name, list(o.dims)) for o in step.output] == [(output, [384])]
+        assert [(o.name, list(o.dims)) for o in step.output] == [(output, dims)]
+    # hidden's batch rows [S_max, D] per request are cut to [S_i, D] by a step that runs each
+    # request alone (no dynamic batcher), after the ragged one.
+    rows = configs[f"{MINILM}.hidden.rows"]
+    assert not rows.HasField("dynamic_batching") and rows.max_batch_size == 8
+    assert [(i.name, list(i.dims)) for i in rows.input] == [("linnet_rows_hidden", [-1, 384]), ("tokens", [-1])]
     ensemble = configs[MINILM]
     assert [(i.name, list(i.dims)) for i in ensemble.input] == [("tokens", [-1]), ("token_types", [-1])]
-    assert ensemble.ensemble_scheduling.step[0].model_name == MINILM + ".validate"
+    assert [(o.name, list(o.dims)) for o in ensemble.output] == [("hidden", [-1, 384]), ("pooled", [384]),
+                                                                ("embedding", [384])]
+    steps = [step.model_name for step in ensemble.ensemble_scheduling.step]
+    assert steps == [f"{MINILM}.{name}" for name in ("validate", "hidden", "hidden.rows", "pooled", "embedding")]
 
 
 def test_ragged_refusals(minilm_io):
     with pytest.raises(LinnetError) as info:
-        ragged_io(minilm_io, named=True)  # hidden named explicitly: refused, not dropped
-    assert info.value.code == codes.TRITON_RAGGED_UNSUPPORTED.code and "`hidden`" in str(info.value)
+        ragged_io(minilm_io, named=True)  # hidden_states named explicitly: refused, not dropped
+    assert info.value.code == codes.TRITON_RAGGED_UNSUPPORTED.code and "`hidden_states`" in str(info.value)
     io = ragged_io(minilm_io)
     for options in ({"max_batch_size": 0}, {}):
         runtime = "onnxruntime" if options else "python"
@@ -185,6 +194,34 @@ def test_concurrent_mixed_lengths_match_torch(ragged_server, torch_model):
     client.close()
 
 
+def test_per_token_rows_come_back_per_request(ragged_server, torch_model):
+    """`hidden` from concurrent requests of mixed lengths: each request gets its own [S_i, D]
+    rows, the torch backend's for the sequence alone, although it ran in a batch with others."""
+    import tritonclient.grpc as grpc
+
+    seqs = _sequences(24, seed=3)
+    local = threading.local()
+
+    def one(i):
+        if not hasattr(local, "client"):
+            local.client = grpc.InferenceServerClient(ragged_server.grpc_url)
+        return i, _infer(local.client, grpc, seqs[i], outputs=("hidden",)).as_numpy("hidden")
+
+    client = grpc.InferenceServerClient(ragged_server.grpc_url)
+    before = _stats(client, f"{MINILM}.hidden")
+    worst = 0.0
+    with ThreadPoolExecutor(12) as pool:
+        for i, got in pool.map(one, range(len(seqs))):
+            assert got.shape == (1, len(seqs[i]), 384), (len(seqs[i]), got.shape)
+            want = np.asarray(torch_model.run("forward", seqs[i][None].astype(np.int64)))
+            worst = max(worst, float(np.max(np.abs(got - want))))
+    inferences, executions = (a - b for a, b in zip(_stats(client, f"{MINILM}.hidden"), before))
+    print(f"\nragged hidden: max|diff| vs torch = {worst:.3g}; {inferences} inferences in {executions} executions")
+    assert worst <= 1e-5
+    assert executions < inferences  # batched with requests of other lengths
+    client.close()
+
+
 def test_token_types_reach_the_graph(ragged_server, torch_model):
     import tritonclient.grpc as grpc
 
@@ -250,7 +287,8 @@ def test_cli_ragged_and_refusal(tmp_path, minilm_checkpoint, capsys):
     assert main(["export-triton", MINILM, "-o", str(tmp_path / "repo"), "--ragged", "--max-batch-tokens", "4096"]) == 0
     config = parse((tmp_path / "repo" / f"{MINILM}.embedding" / "config.pbtxt").read_text())
     assert config.max_batch_size == 8 and config.input[0].allow_ragged_batch
-    assert not (tmp_path / "repo" / f"{MINILM}.hidden").exists()
+    assert (tmp_path / "repo" / f"{MINILM}.hidden.rows" / "1" / "model.onnx").is_file()
+    assert not (tmp_path / "repo" / f"{MINILM}.hidden_states").exists()
     capsys.readouterr()
-    code = main(["export-triton", MINILM, "-o", str(tmp_path / "repo2"), "--ragged", "--entries", "hidden"])
+    code = main(["export-triton", MINILM, "-o", str(tmp_path / "repo2"), "--ragged", "--entries", "hidden_states"])
     assert code != 0 and codes.TRITON_RAGGED_UNSUPPORTED.code in capsys.readouterr().err

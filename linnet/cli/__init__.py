@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="padding-free execution inside the ONNX graph (default: on where proven exact, "
                              "as nest.load's onnx backend); the served inputs are the same either way")
     triton.add_argument("--ragged", action="store_true",
-                        help="one unpadded sequence per request, batched by concatenation (per-request outputs "
-                             "only: embedding, pooled; see docs/triton.md)")
+                        help="one unpadded sequence per request, batched by concatenation (outputs with a row per "
+                             "request, such as embedding, or per token, such as hidden; see docs/triton.md)")
     triton.add_argument("--max-batch-tokens", type=int, metavar="N",
                         help="with --ragged: at most N tokens per batch (sets max_batch_size to N // the longest "
                              "request the model takes)")

@@ -43,7 +43,7 @@ from pathlib import Path
 from .. import __version__, codes, dtypes
 from ..diagnostics import Diagnostic, InternalError, LinnetError
 from ..backends.onnx_files import WEIGHTS_FILE, entry_of_file
-from .triton_io import RAGGED_ENDS, RAGGED_MASK, Input, Output, Tensor, TritonIO, ragged_io, triton_io
+from .triton_io import RAGGED_ENDS, RAGGED_MASK, Input, Output, Tensor, TritonIO, per_token, ragged_io, triton_io
 from .triton_model import CHECKED
 
 __all__ = ["RUNTIMES", "ServingOptions", "TritonIO", "triton_io", "layout_configs", "config_text",
@@ -157,6 +157,12 @@ def output_model_name(io: TritonIO, output: str) -> str:
     return f"{io.name}.{output}"
 
 
+#: A ragged model's per-token output (`per_token`) leaves its ONNX Runtime step as the batch's
+#: rows, [S_max, D] per request, under this prefix; the `.rows` step cuts each to [S_i, D].
+ROWS = "linnet_rows_"
+ROWS_SUFFIX = ".rows"
+
+
 def _config_dims(t: Tensor, batched: bool, fixed: dict | None = None) -> tuple[int, ...]:
     # Triton's dims leave out the batch dim when max_batch_size > 0; a dim pinned by a
     # precondition is its number; any other dim that is not a number (S, or an expression of
@@ -254,9 +260,16 @@ def _ensemble_config(io: TritonIO, options: ServingOptions) -> str:
                ("output_map", [[("key", CHECKED + t.name), ("value", CHECKED + t.name)] for t in io.inputs])]
     steps = [[("model_name", io.name + VALIDATE_SUFFIX), ("model_version", -1), *checked]]
     for output in io.outputs:
+        rows = per_token(io, output)
         steps.append([("model_name", output_model_name(io, output.name)), ("model_version", -1),
                       ("input_map", [[("key", t.name), ("value", CHECKED + t.name)] for t in io.inputs]),
-                      ("output_map", [[("key", output.name), ("value", output.name)]])])
+                      ("output_map", [[("key", output.name), ("value", ROWS * rows + output.name)]])])
+        if rows:
+            tokens = io.inputs[0].name
+            steps.append([("model_name", output_model_name(io, output.name) + ROWS_SUFFIX), ("model_version", -1),
+                          ("input_map", [[("key", ROWS + output.name), ("value", ROWS + output.name)],
+                                         [("key", tokens), ("value", CHECKED + tokens)]]),
+                          ("output_map", [[("key", output.name), ("value", output.name)]])])
     fields: list = [("name", io.name), ("platform", "ensemble"), ("max_batch_size", options.max_batch_size),
                     ("input", [_tensor_fields(t, batched, optional=_optional(t), fixed=io.fixed, reshape=False)
                                for t in io.inputs]),
@@ -278,7 +291,46 @@ def layout_configs(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> 
                io.name + VALIDATE_SUFFIX: _python_config(io, opts, io.name + VALIDATE_SUFFIX, checked_outputs)}
     for output in io.outputs:
         configs[output_model_name(io, output.name)] = _onnx_config(io, opts, output)
+        if per_token(io, output):
+            configs[output_model_name(io, output.name) + ROWS_SUFFIX] = _rows_config(io, opts, output)
     return configs
+
+
+def _rows_config(io: TritonIO, options: ServingOptions, output: Output) -> str:
+    """The step after a ragged per-token output: each request's [S_max, ...] rows of the batch
+    cut to its own S_i ([S_i, ...]).  No dynamic batcher, so every request runs alone, and the
+    ensemble's max_batch_size, which Triton wants no larger than any step's."""
+    tokens = io.inputs[0]
+    fields: list = [("name", output_model_name(io, output.name) + ROWS_SUFFIX), ("platform", "onnxruntime_onnx"),
+                    ("max_batch_size", options.max_batch_size),
+                    ("input", [_tensor_fields(output, True, name=ROWS + output.name, fixed=io.fixed),
+                               _tensor_fields(tokens, True, fixed=io.fixed)]),
+                    ("output", [_tensor_fields(output, True, fixed=io.fixed)])]
+    return "\n".join(_format(fields)) + "\n"
+
+
+def rows_graph(io: TritonIO, output: Output):
+    """The `.rows` step's graph: `ROWS + output` [1, S_max, ...] and the request's tokens
+    [1, S_i] in, the first S_i rows out."""
+    from onnx import TensorProto, helper
+
+    from ..backends.onnx_files import IR_VERSION, OPSET
+
+    tokens, rows = io.inputs[0].name, ROWS + output.name
+    elem, token_elem = dtypes.by_name(output.dtype).onnx, dtypes.by_name(io.inputs[0].dtype).onnx
+    rest = [int(d) for d in output.dims[2:]]  # numbers: Triton checks them against the config
+    nodes = [helper.make_node("Shape", [tokens], ["length"], start=1, end=2),
+             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
+             helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [1], [1])),
+             helper.make_node("Slice", [rows, "zero", "length", "axis"], [output.name])]
+    graph = helper.make_graph(
+        nodes, f"{output_model_name(io, output.name)}{ROWS_SUFFIX}",
+        [helper.make_tensor_value_info(rows, elem, ["B", "S_max", *rest]),
+         helper.make_tensor_value_info(tokens, token_elem, ["B", "S"])],
+        [helper.make_tensor_value_info(output.name, elem, ["B", "S", *rest])],
+        doc_string=f"each request's own rows of `{output.name}`, cut from its ragged batch's")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                             producer_name="linnet")
 
 
 def config_text(io: TritonIO, *, runtime: str = "onnxruntime", **options) -> str:
@@ -640,6 +692,12 @@ def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, options: Serv
         _share(graphs / WEIGHTS_FILE, version / WEIGHTS_FILE)
         if io.ragged:
             _check_ragged_onnx(io, output, version / "model.onnx")
+            if per_token(io, output):
+                import onnx
+
+                rows = staging / (output_model_name(io, output.name) + ROWS_SUFFIX) / "1"
+                rows.mkdir(parents=True)
+                onnx.save(rows_graph(io, output), str(rows / "model.onnx"))
         else:
             _check_onnx(dataclasses.replace(io, outputs=(output,)), version / "model.onnx")
 

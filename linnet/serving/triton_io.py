@@ -118,10 +118,11 @@ def ragged_io(io: TritonIO, named: bool = False) -> TritonIO:
     """`io` served ragged (`export-triton --ragged`): token inputs `[B, S]` become Triton's
     `[-1]` per request, concatenated by the batcher into `[T]`; `attention_mask` is left out.
 
-    Only outputs with one row per request can come back: Triton's ONNX Runtime backend splits
-    every output of a batch along its first dim by the requests' batch sizes (1 each), so a
-    per-token result (`hidden` [S_i, D]) of a concatenated batch cannot be split back.  Without
-    `named` (no `entries` chosen) those outputs are left out; named, they are refused."""
+    Outputs with one row per request (`embedding` [B, D]) come back as they are. Outputs with
+    one row per token (`hidden` [B, S, D], `per_token`) come back per request as `[S_i, D]`
+    through a step that cuts each request's rows out of the batch's `[S_max, D]` (Triton's ONNX
+    Runtime backend splits a batch's outputs along B only). Other outputs (`hidden_states`
+    [B, L, S, D], `attentions`) are left out, or refused when `named`."""
     if io.batch_dim is None:
         raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
                      f"{io.name}: ragged serving needs a batch dim shared by every input and output")
@@ -132,17 +133,25 @@ def ragged_io(io: TritonIO, named: bool = False) -> TritonIO:
         raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
                      f"{io.name}: ragged serving needs token inputs [{io.batch_dim}, S] sharing one sequence dim, "
                      f"found {', '.join(f'{t.name}: [{chr(44).join(t.dims)}]' for t in io.inputs)}")
-    per_row = [o for o in io.outputs if all(d.isdigit() for d in o.dims[1:])]
-    per_token = [o for o in io.outputs if o not in per_row]
-    if per_token and named:
+    ragged = dataclasses.replace(io, inputs=inputs, ragged=True)
+    served = [o for o in io.outputs if all(d.isdigit() for d in o.dims[1:]) or per_token(ragged, o)]
+    other = [o for o in io.outputs if o not in served]
+    if other and named:
         raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
-                     f"{io.name}: {', '.join(f'`{o.name}` [{chr(44).join(o.dims)}]' for o in per_token)} has a row "
-                     "per token, which Triton's ONNX Runtime backend cannot split back per request of a ragged "
-                     "batch (it splits outputs by request batch size); serve it without --ragged")
-    if not per_row:
+                     f"{io.name}: {', '.join(f'`{o.name}` [{chr(44).join(o.dims)}]' for o in other)} has neither one "
+                     "row per request nor one per token, so it cannot be split back per request of a ragged batch; "
+                     "serve it without --ragged")
+    if not served:
         raise _error(codes.TRITON_RAGGED_UNSUPPORTED,
-                     f"{io.name}: no output with one row per request (e.g. `embedding`) to serve ragged")
-    return dataclasses.replace(io, inputs=inputs, outputs=tuple(per_row), ragged=True)
+                     f"{io.name}: no output with one row per request or per token to serve ragged")
+    return dataclasses.replace(ragged, outputs=tuple(served))
+
+
+def per_token(io: TritonIO, output: Output) -> bool:
+    """An output of a ragged model with one row per token of its request: [B, S, fixed...]."""
+    seq = io.inputs[0].dims[1]
+    return (io.ragged and len(output.dims) >= 2 and output.dims[1] == seq
+            and all(d.isdigit() for d in output.dims[2:]))
 
 
 def _fixed_dims(entry: ir.Entry) -> dict[str, int]:
