@@ -153,7 +153,8 @@ QWEN2 = Layout(
 #: ModernBertModel (no prefix) and ModernBertForMaskedLM (`model.`). The source's layer 0 is
 #: its own block `first` (it has no `attn_norm`), and its array `layers.N` is checkpoint layer
 #: N + 1. The masked-LM decoder is tied to the token table, so `decoder.weight`, where a
-#: checkpoint stores it, is unused; its bias binds.
+#: checkpoint stores it, is unused; its bias binds. The classification heads
+#: (ModernBertFor{Sequence,Token}Classification, `model.` too) add `head` and `classifier`.
 MODERNBERT = Layout(
     name="modernbert",
     summary="the ModernBERT source's params as transformers' ModernBert* classes store them",
@@ -173,6 +174,7 @@ MODERNBERT = Layout(
         (r"(?:model\.)?final_norm\.weight", r"{P}final_norm.weight"),
         (r"head\.(dense|norm)\.weight", r"head.\1.weight"),
         (r"decoder_bias", "decoder.bias"),
+        (r"classifier\.(weight|bias)", r"classifier.\1"),
     ),
     prefixes={"model.": "ModernBertForMaskedLM and the other ModernBertFor* classes", "": "ModernBertModel"},
 )

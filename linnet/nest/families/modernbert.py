@@ -1,5 +1,6 @@
 """ModernBERT (`model_type` "modernbert"): the source of `nest/modernbert-base`, for
-ModernBertModel and ModernBertForMaskedLM.
+ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification and
+ModernBertForTokenClassification.
 
 config.json's sizes, `norm_eps`, the two RoPE thetas, the activations and the layer pattern
 become the root's generics.  The source computes one pattern of attention layers, a full
@@ -7,8 +8,14 @@ layer every `GlobalEvery`-th one starting at layer 0 (what `global_attn_every_n_
 writes into `layer_types`) and a bidirectional sliding window of `local_attention // 2`
 positions either side in the others; any other `layer_types` is refused by name, as are
 biases (the source has none), RoPE scaling, activations it does not compute, and an
-untied or bias-less decoder.  The dropout rates are not read: the source has no dropout,
-which changes nothing in eval.
+untied or bias-less decoder.  The encoder's dropout rates are not read: it has no dropout,
+which changes nothing in eval; the heads' `classifier_dropout` is.
+
+`classifier_pooling` ("cls" or "mean") becomes `MeanPooling`, what every root but the masked
+LM pools with (`pool`, and the sequence classifier's logits).  A sequence classifier with one
+label and `problem_type` null or "regression" is the `SequenceRegression` root, as transformers
+infers regression from `num_labels == 1`; its other problem types are entries of the
+`SequenceClassification` root (`loss`, `multi_label_loss`, `regression_loss`).
 
 Keys carry `model.` (ModernBertForMaskedLM) or no prefix (ModernBertModel); the prefix is
 found from the keys stored.
@@ -43,11 +50,19 @@ BIASES = (
     ("attention_bias", "biases on Wqkv and the attention's Wo"),
     ("mlp_bias", "biases on the feed-forward layer's Wi and Wo"),
     ("norm_bias", "a bias on every LayerNorm"),
-    ("classifier_bias", "a bias on the masked-LM head's dense layer"),
+    ("classifier_bias", "a bias on the head's dense layer, before the masked-LM decoder or the classifier"),
 )
 FULL, SLIDING = "full_attention", "sliding_attention"
 #: Roots holding the masked-LM head.
 MASKED_LM = frozenset({"MaskedLm"})
+#: Roots with `head` and `classifier` (transformers' ModernBertPredictionHead and a Linear).
+CLASSIFIERS = frozenset({"SequenceClassification", "SequenceRegression", "TokenClassification"})
+#: Roots with a `Labels` generic, whose logits `id2label` names.
+LABELLED = frozenset({"SequenceClassification", "TokenClassification"})
+#: `classifier_pooling` -> `MeanPooling`.
+POOLINGS = {"cls": 0, "mean": 1}
+#: transformers' `problem_type`s (null: inferred from num_labels and the labels' dtype).
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 DECODER = "decoder.weight"
 WORD_EMBEDDINGS = "embeddings.tok_embeddings.weight"
 
@@ -58,9 +73,13 @@ class ModernBertFamily(Family):
     model_types = ("modernbert",)
     source_entry = "modernbert-base"
     layout = MODERNBERT
-    architectures = {"ModernBertModel": "Model", "ModernBertForMaskedLM": "MaskedLm"}
-    root_entries = {"Model": "forward", "MaskedLm": "mlm"}
-    outputs = {"forward": "hidden", "hidden_states": "hidden_states", "mlm": "mlm_logits"}
+    architectures = {"ModernBertModel": "Model", "ModernBertForMaskedLM": "MaskedLm",
+                     "ModernBertForSequenceClassification": "SequenceClassification",
+                     "ModernBertForTokenClassification": "TokenClassification"}
+    root_entries = {"Model": "forward", "MaskedLm": "mlm", "SequenceClassification": "logits",
+                    "SequenceRegression": "logits", "TokenClassification": "logits"}
+    outputs = {"forward": "hidden", "hidden_states": "hidden_states", "mlm": "mlm_logits", "pool": "pooled",
+               "embed": "embedding", "logits": "logits"}
     probe_param = "tok_embeddings"
 
     # ------------------------------------------------------------ config.json
@@ -79,8 +98,16 @@ class ModernBertFamily(Family):
         _layer_pattern(reader, generics)
         _window(reader, generics)
         _rope(reader, generics)
+        labels = None
+        if root in LABELLED:
+            labels, root = _labels(reader, root, generics)
+        if root not in MASKED_LM:
+            _pooling(reader, generics)
+        if root in CLASSIFIERS:
+            reader.real("classifier_dropout", "ClassifierDropout", generics, 0.0, high=1.0,
+                        what="a probability in [0, 1)")
         for field, generic in (("hidden_activation", "HiddenAct"), ("classifier_activation", "HeadAct")):
-            if generic == "HeadAct" and root not in MASKED_LM:
+            if generic == "HeadAct" and root not in MASKED_LM | CLASSIFIERS:
                 continue
             act = reader.one_of(field, "gelu", ACTIVATIONS, "ModernBERT source")
             if act is not None:
@@ -99,7 +126,7 @@ class ModernBertFamily(Family):
                 reader.problem(codes.HF_UNTIED_DECODER,
                                "sets tie_word_embeddings = false; the ModernBERT source's decoder scores against "
                                "the token table (tied), so it cannot run a separate decoder.weight")
-        return FamilyConfig(architecture, root, generics)
+        return FamilyConfig(architecture, root, generics, labels)
 
     # ------------------------------------------------------------ the checkpoint
 
@@ -111,6 +138,29 @@ class ModernBertFamily(Family):
         require_tied(name, decoder, words, files, "the ModernBERT source's decoder scores against the token "
                                                   "table (tied, as ModernBERT was trained)")
         log.info("%s: %s equals the token embeddings (tied); bound once", name, DECODER)
+
+
+def _labels(reader: ConfigReader, root: str, generics: dict) -> tuple[tuple[str, ...] | None, str]:
+    """`id2label` / `num_labels` -> `Labels`, and the root: one label with `problem_type` null or
+    "regression" is transformers' regression (MSE on one score), the `SequenceRegression` root."""
+    labels = reader.labels()
+    problem = reader.get("problem_type")
+    if problem not in PROBLEM_TYPES:
+        reader.unsupported(f"sets problem_type = {describe(problem)}; transformers and the ModernBERT source know "
+                           f"{', '.join(json.dumps(p) for p in PROBLEM_TYPES[1:])} (or null) only")
+    if labels is None:
+        return None, root
+    if root == "SequenceClassification" and len(labels) == 1 and problem in (None, "regression"):
+        return labels, "SequenceRegression"
+    generics["Labels"] = len(labels)
+    return labels, root
+
+
+def _pooling(reader: ConfigReader, generics: dict) -> None:
+    """`classifier_pooling` -> `MeanPooling`: what `pool` and the sequence heads pool with."""
+    pooling = reader.one_of("classifier_pooling", "cls", POOLINGS, "ModernBERT source")
+    if pooling is not None:
+        generics["MeanPooling"] = POOLINGS[pooling]
 
 
 def _layer_pattern(reader: ConfigReader, generics: dict) -> None:
