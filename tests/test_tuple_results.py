@@ -162,3 +162,17 @@ def test_then_over_several_results_is_refused_by_name(tmp_path):
     with pytest.raises(LinnetError) as info:
         load_file(path)
     assert info.value.code == codes.DELEGATION_THEN_MISMATCH and "both must be plain tensor types" in str(info.value)
+
+
+def test_the_generated_python_unpacks_and_returns_tuples(pairs):
+    from linnet.backends import jax_source, torch_source
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+    from linnet.middle.lower import lower
+
+    program = lower(compile_target(locate(str(pairs[0]))).instance)
+    torch_code, jax_code = torch_source.emit(program), jax_source.emit(program)
+    assert "projected, summed = self.pair.both(x)" in torch_code
+    assert "return (projected + self.bias, summed[:, :, 0] - 1.0)" in torch_code
+    assert "return (x @ self.w, (x * 2.0).sum(dim=-1, keepdim=True))" in torch_code
+    assert "projected, summed = Pair_both(params[\"pair\"], x)" in jax_code
