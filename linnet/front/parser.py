@@ -105,6 +105,9 @@ def _describe_expected(expected: set[str]) -> str:
     if {"a name", "an integer", "'('"} <= names:
         names -= _EXPRESSION_START
         groups.append("an expression")
+    if {"'Tensor'", "'Option'", "a name", "'('"} <= names:  # after `->`: a result type
+        names -= {"'Tensor'", "'Option'", "a name", "'('"}
+        groups.append("a type (Tensor[...], Option[...], a dtype, or several results in parentheses)")
     if {"'Tensor'", "'Option'", "a name"} <= names:
         names -= {"'Tensor'", "'Option'", "a name"}
         groups.append("a type (Tensor[...], Option[...] or a dtype)")
