@@ -176,3 +176,28 @@ def test_the_generated_python_unpacks_and_returns_tuples(pairs):
     assert "return (projected + self.bias, summed[:, :, 0] - 1.0)" in torch_code
     assert "return (x @ self.w, (x * 2.0).sum(dim=-1, keepdim=True))" in torch_code
     assert "projected, summed = Pair_both(params[\"pair\"], x)" in jax_code
+
+
+def test_verify_holds_several_results_to_return_and_unpack(pairs):
+    import dataclasses
+
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+    from linnet.diagnostics import InternalError
+    from linnet.middle import ir
+    from linnet.middle.lower import lower
+
+    program = lower(compile_target(locate(str(pairs[0]))).instance)
+    both = next(fn for fn in program.functions.values() if fn.name == "both")
+    (ret,) = both.body
+    assert isinstance(ret.value, ir.MakeTuple) and isinstance(both.result, ir.TupleType)
+    both.body = [dataclasses.replace(ret, value=ret.value.args[0])]  # one value where two are declared
+    with pytest.raises(InternalError, match="returns"):
+        ir.verify(program)
+    both.body = [ret]
+    forward = program.functions[program.entries["forward"].function]
+    unpack = forward.body[0]
+    assert isinstance(unpack, ir.Unpack) and len(unpack.names) == 2
+    forward.body[0] = ir.Let("projected", unpack.value, unpack.line)  # a tuple bound to one name
+    with pytest.raises(InternalError, match="several results bound to one name"):
+        ir.verify(program)
