@@ -222,6 +222,11 @@ BAD_DIM_EXPRESSION: Final = _register("E0335", "bad-dim-expression", "check",
     "an invalid dim expression, such as division by the constant 0")
 DIM_AS_TENSOR: Final = _register("E0336", "dim-as-tensor", "check",
     "a dim used directly as a tensor; `cast<T>(dim)` converts it")
+TUPLE_ARITY: Final = _register("E0338", "tuple-arity", "check",
+    "a `return (...)` or `let (...) =` with a different number of values than the function's results")
+TUPLE_MISUSE: Final = _register("E0339", "tuple-misuse", "check",
+    "several results used as one value (a call returning a tuple outside `let (...) =` and `return`, a "
+    "tuple literal outside `return`), or one value where several are declared")
 NOT_A_SUB_BLOCK: Final = _register("E0337", "not-a-sub-block", "check",
     "a method call on something that is not a sub-block")
 WHERE_VIOLATED: Final = _register("E0401", "where-violated", "check",
@@ -330,6 +335,8 @@ TRITON_RAGGED_UNSUPPORTED: Final = _register("E0846", "triton-ragged-unsupported
     "`export-triton --ragged` cannot serve this: an output with neither a row per request nor one per "
     "token (`hidden_states`, `attentions`), inputs that are not `[B, S]` tokens, or not the onnxruntime "
     "runtime with batching")
+TRITON_SEVERAL_RESULTS: Final = _register("E0847", "triton-several-results", "triton",
+    "an entry with several results (`-> (A, B)`), which Triton export does not serve yet")
 
 # -- manifest: nest.toml and linnet.toml (nest/manifest.py)
 UNKNOWN_ZOO_ENTRY: Final = _register("E0901", "unknown-zoo-entry", "manifest",

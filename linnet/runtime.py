@@ -11,13 +11,15 @@ dtype; each backend then moves them to its own tensors.
 """
 from __future__ import annotations
 
+import collections
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import codes, dtypes
 from .middle import ir
-from .diagnostics import Diagnostic, LinnetError, Note
+from .diagnostics import Diagnostic, InternalError, LinnetError, Note
 from .dims import DimError, sym
 
 _COMPARE = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal,
@@ -101,6 +103,26 @@ def _signature_of(entry: ir.Entry) -> str:
     computed = {n: f" = {c.text}" for n, c in entry.computed.items()}
     params = ", ".join(f"{n}: {t}{fills.get(entry.defaults.get(n), computed.get(n, ''))}" for n, t in entry.inputs)
     return f"{entry.name}({params}) -> {entry.result}"
+
+
+@functools.lru_cache(maxsize=None)
+def _named_results(entry_name: str, names: tuple[str, ...]):
+    """One named-tuple class per entry and result names, so equal results compare and pickle alike."""
+    return collections.namedtuple(f"{entry_name}_results", names)
+
+
+def results(entry: ir.Entry, value):
+    """What `model.<entry>(...)` returns: one array, or for several results a tuple of arrays
+    (whatever sequence the backend gave), a named tuple when the results are named."""
+    if not isinstance(entry.result, ir.TupleType):
+        return value
+    values = tuple(value)
+    if len(values) != len(entry.result.items):
+        raise InternalError(f"entry {entry.name}: the backend gave {len(values)} results, "
+                            f"declared {entry.result}")
+    if None in entry.result.names:
+        return values
+    return _named_results(entry.name, entry.result.names)(*values)
 
 
 #: transformers' names for BERT's inputs, accepted as keywords wherever an entry has the

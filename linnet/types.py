@@ -213,7 +213,20 @@ class SubArrayT:
         return f"[{self.element}; {self.count}]"
 
 
-Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT, MemberT]
+@dataclass(frozen=True)
+class TupleT:
+    """A function's several results (`-> (logits: Tensor[...], cache: Tensor[...])`): a result
+    type, and the type of a call of such a function, which only `let (a, b) =` and `return` take.
+    `names` is all None when the items are not named."""
+
+    items: tuple["Type", ...]
+    names: tuple[str | None, ...]
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(f"{n}: {t}" if n else str(t) for n, t in zip(self.names, self.items)) + ")"
+
+
+Type = Union[TensorT, DimT, ListT, OptionT, SomeT, NoneT, SubT, SubArrayT, MemberT, TupleT]
 
 #: What a generic is bound to: a dim, a dtype, a run of dims for a variadic, a Real's
 #: number (a float, or a `RealVar` naming the enclosing block's Real generic), or a member
@@ -260,6 +273,8 @@ def substitute(t: Type, env: Mapping[str, Binding]) -> Type:
         return OptionT(substitute(t.inner, env))
     if isinstance(t, SomeT):
         return SomeT(substitute(t.inner, env))
+    if isinstance(t, TupleT):
+        return TupleT(tuple(substitute(i, env) for i in t.items), t.names)
     return t
 
 

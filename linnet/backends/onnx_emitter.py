@@ -258,7 +258,8 @@ class GraphEmitter:
 
     # --------------------------------------------------------- functions
     def call(self, fn_id: str, args: list[str], prefix: str, scalars: dict[int, float] | None = None) -> str:
-        """Inline one function (or its fused form) once per block path and argument values.
+        """Inline one function (or its fused form) once per block path and argument values: the
+        name of its result's value, or a tuple of names for a function with several results.
 
         scalars: the arguments known at compile time (param index -> value), which a fused
         form may need as node attributes (LayerNormalization's epsilon).
@@ -303,6 +304,8 @@ class GraphEmitter:
                     frame.env[stmt.collect.into] = self._stack(collected, stmt, frame)
             elif isinstance(stmt, ir.Return):
                 return self.expr(stmt.value, frame)
+            elif isinstance(stmt, ir.Unpack):  # the call's value is a tuple: one value per result
+                frame.env.update(zip(stmt.names, self.expr(stmt.value, frame)))
             else:
                 frame.env[stmt.name] = self.expr(stmt.value, frame)
         return None
@@ -356,6 +359,8 @@ class GraphEmitter:
                              doc=f"the dim {expr} as a scalar")
         if isinstance(e, ir.Absent):
             return ""
+        if isinstance(e, ir.MakeTuple):  # a return's several results: one value name each
+            return tuple(self.expr(a, frame) for a in e.args)
         if isinstance(e, ir.Call):
             callee = self.program.functions[e.function]
             # A compile-time number takes the dtype of the parameter it is passed to

@@ -180,7 +180,8 @@ def metadata(program: ir.Program, entries: list[str], outputs: dict[str, str], g
     for name in entries:
         e = program.entries[name]
         params = ", ".join(f"{n}: {t}" for n, t in e.inputs)
-        signatures.append(f"{name}({params}) -> {e.result} as `{outputs[name]}`")
+        signatures.append(f"{name}({params}) -> {e.result} as "
+                          + ", ".join(f"`{o}`" for o in ir.output_names(e, outputs[name])))
     where = []
     for name in entries:
         for _, _, _, span in program.entries[name].preconditions:
@@ -189,7 +190,8 @@ def metadata(program: ir.Program, entries: list[str], outputs: dict[str, str], g
         "linnet.version": __version__,
         "linnet.source": source,
         "linnet.entries": "; ".join(signatures),
-        "linnet.outputs": ", ".join(f"{n}={outputs[n]}" for n in entries),
+        "linnet.outputs": ", ".join(f"{n}={'+'.join(ir.output_names(program.entries[n], outputs[n]))}"
+                                    for n in entries),
         "linnet.preconditions": ", ".join(pre),
         "linnet.preconditions.where": "; ".join(where),
         "linnet.generics": ", ".join(f"{k}={v}" for k, v in generics.items()),

@@ -93,15 +93,17 @@ def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[st
             inputs.append(helper.make_tensor_value_info(input_name, elem_type(t.dtype), value_dims(t)))
         graph_outputs = []
         for entry_name in model_file.entries:
-            em.reserve(outputs[entry_name])
+            for out_name in ir.output_names(program.entries[entry_name], outputs[entry_name]):
+                em.reserve(out_name)
         for entry_name in model_file.entries:
             entry = program.entries[entry_name]
             value = em.call(entry.function, [n for n, _ in entry.inputs], "")
-            out_name = outputs[entry_name]
-            em.node("Identity", [value], elem_type(entry.result.dtype), scope=entry_name,
-                    doc=f"the result of entry `{entry_name}`", output=out_name)
-            graph_outputs.append(helper.make_tensor_value_info(out_name, elem_type(entry.result.dtype),
-                                                               value_dims(entry.result)))
+            several = isinstance(entry.result, ir.TupleType)  # a graph output per result
+            for i, (out_name, v, t) in enumerate(zip(ir.output_names(entry, outputs[entry_name]),
+                                                     value if several else (value,), ir.result_types(entry.result))):
+                em.node("Identity", [v], elem_type(t.dtype), scope=entry_name, output=out_name,
+                        doc=f"result {i + 1} of entry `{entry_name}`" if several else f"the result of entry `{entry_name}`")
+                graph_outputs.append(helper.make_tensor_value_info(out_name, elem_type(t.dtype), value_dims(t)))
         # Arguments are emitted before a fused form decides which it needs (LayerNormalization
         # takes epsilon as an attribute), so drop constants that no node reads.
         used = graph_inputs_used(em.nodes)

@@ -17,6 +17,7 @@ import numpy as np
 from .. import codes
 from . import LoadContext, cache_dir, kernel_choice
 from .. import dtypes
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 from .onnx_files import WEIGHTS_FILE, default_file, entry_file, node_reads
 
@@ -83,8 +84,9 @@ def graph_io(ctx: LoadContext) -> tuple[list[tuple[str, str, list]], list[tuple[
     first = layout(program, ctx.manifest.source.entry if ctx.manifest is not None else None)[0]
     entry = program.entries[first.entries[0]]
     inputs = [(n, TensorProto.DataType.Name(elem_type(t.dtype)), value_dims(t)) for n, t in entry.inputs]
-    outputs = [(ctx.output_name(e), TensorProto.DataType.Name(elem_type(program.entries[e].result.dtype)),
-                value_dims(program.entries[e].result)) for e in first.entries]
+    outputs = [(name, TensorProto.DataType.Name(elem_type(t.dtype)), value_dims(t)) for e in first.entries
+               for name, t in zip(ir.output_names(program.entries[e], ctx.output_name(e)),
+                                  ir.result_types(program.entries[e].result))]
     return inputs, outputs
 
 
@@ -209,7 +211,7 @@ class OnnxRuntime:
         #: default session's when not measured (kernels="default", a provider other than CPU).
         self.session_choice = SessionChoice({})
         if kernels == "auto" and _provider_name(providers[0]) == "CPUExecutionProvider" \
-                and ctx.program.entries[root].result.dtype != "bf16":
+                and all(t.dtype != "bf16" for t in ir.result_types(ctx.program.entries[root].result)):
             self.session_choice = choose(folder / entry_file(root), providers, threads, cache_dir=cache_dir(),
                                          model_key=f"{folder.name}/{entry_file(root)}")
         self.settings = {**default_settings(threads), **self.session_choice.settings}
@@ -226,7 +228,8 @@ class OnnxRuntime:
         #: The int8 plan every session runs by (`plan_int8`), None at f32.
         self.int8_plan = None
         self.sessions: dict[str, object] = {}
-        self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
+        #: Each entry's graph outputs: one name, or one per result of an entry with several.
+        self.outputs = {entry: ir.output_names(e, ctx.output_name(entry)) for entry, e in ctx.program.entries.items()}
         self.generated = folder / layout(ctx.program, root)[0].file
         self.providers = self.session(_first_session(folder, root)).get_providers()
 
@@ -304,9 +307,12 @@ class OnnxRuntime:
 
                 args = {a: feeds[a] for a in spec.computed[name].args}
                 feeds[name] = self.session(default_file(entry, name)).run([name], args)[0]
-        if self.program.entries[entry].result.dtype == "bf16":
-            return _run_bf16(session, feeds, self.outputs[entry])
-        return session.run([self.outputs[entry]], feeds)[0]
+        outputs = self.outputs[entry]
+        if any(t.dtype == "bf16" for t in ir.result_types(spec.result)):
+            values = [_run_bf16(session, feeds, output) for output in outputs]
+        else:
+            values = session.run(outputs, feeds)
+        return tuple(values) if isinstance(spec.result, ir.TupleType) else values[0]
 
 
 def _first_session(folder: Path, root: str) -> str:
@@ -337,7 +343,8 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, para
         path = weights.save(model, model_file.weights, model_file.file, data)
         onnx.checker.check_model(str(path), full_check=True)
         for entry in model_file.entries:
-            onnx.save(cut_to_output(model, ctx.output_name(entry)), str(out_dir / entry_file(entry)))
+            outputs = ir.output_names(ctx.program.entries[entry], ctx.output_name(entry))
+            onnx.save(cut_to_output(model, outputs), str(out_dir / entry_file(entry)))
         model_file.model = model = None
     _write_default_models(ctx, tensors, out_dir, bf16_compute)
     if has_decoder_entries(ctx.program) and bf16_compute == "native":

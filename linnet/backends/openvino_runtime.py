@@ -29,6 +29,7 @@ import numpy as np
 import openvino  # noqa: F401
 
 from .. import codes, dtypes
+from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
 from . import OPENVINO_PRECISIONS as PRECISIONS, LoadContext
 from .onnx_files import default_file, entry_file
@@ -133,11 +134,17 @@ class OpenVinoRuntime:
                 feeds[name] = computing.get_output_tensor(0).data.copy()
         request = self._request(entry)
         request.infer(feeds)
-        result = request.get_output_tensor(0).data
-        if self.program.entries[entry].result.dtype == "bf16":
-            # OpenVINO's Python API hands bf16 bits out as a float16 array: reinterpret them.
-            return result.view(np.uint16).view(dtypes.by_name("bf16").numpy_type()).copy()
-        return result.copy()  # the request's own buffer: the next call overwrites it
+        # One output per result, in the graph's order (onnx_graph writes them so).
+        values = tuple(_output(request.get_output_tensor(i).data, t)
+                       for i, t in enumerate(ir.result_types(spec.result)))
+        return values if isinstance(spec.result, ir.TupleType) else values[0]
+
+
+def _output(result, t) -> np.ndarray:
+    if t.dtype == "bf16":
+        # OpenVINO's Python API hands bf16 bits out as a float16 array: reinterpret them.
+        return result.view(np.uint16).view(dtypes.by_name("bf16").numpy_type()).copy()
+    return result.copy()  # the request's own buffer: the next call overwrites it
 
 
 def _check_count(name: str, value: int) -> int:

@@ -121,7 +121,7 @@ def emission_order(program: ir.Program) -> list[str]:
     def calls_in(expr) -> list[str]:
         if isinstance(expr, ir.Call):
             return [expr.function] + [c for a in expr.args for c in calls_in(a)]
-        if isinstance(expr, ir.Op):
+        if isinstance(expr, (ir.Op, ir.MakeTuple)):
             return [c for a in expr.args for c in calls_in(a)]
         return []
 
@@ -162,7 +162,7 @@ def functions_reaching(program: ir.Program, site) -> set[str]:
 
     def walk(e):
         yield e
-        if isinstance(e, (ir.Op, ir.Call)):
+        if isinstance(e, ir.WITH_ARGS):
             for a in e.args:
                 yield from walk(a)
 
@@ -454,6 +454,9 @@ class PyWriter:
                     out.append(f"{pad}{into} = {self.STACK}({into}){where}")
             elif isinstance(stmt, ir.Return):
                 out.append(f"{pad}return {self._expr(stmt.value, scope)[0]}{where}")
+            elif isinstance(stmt, ir.Unpack):
+                names = ", ".join(map(py_name, stmt.names))
+                out.append(f"{pad}{names} = {self._expr(stmt.value, scope)[0]}{where}")
             else:
                 out.append(f"{pad}{py_name(stmt.name)} = {self._expr(stmt.value, scope)[0]}{where}")
         return out
@@ -473,6 +476,8 @@ class PyWriter:
             return "None", ATOM
         if isinstance(e, ir.Call):
             return self._call(e, scope), ATOM
+        if isinstance(e, ir.MakeTuple):  # a return's value: a plain tuple, whatever the names
+            return "(" + ", ".join(self._expr(a, scope)[0] for a in e.args) + ")", ATOM
         return self._op(e, scope)
 
     def _arg(self, e: ir.Expr, scope: Scope, min_prec: int) -> str:

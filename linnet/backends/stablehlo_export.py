@@ -230,8 +230,7 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
             "file": blob.name, "mlir": text.name, "dims": list(entry.dims),
             "inputs": [{"name": n, "dtype": _dtype_name(t.dtype), "dims": [_dim_json(d) for d in t.dims]}
                        for n, t in entry.inputs],
-            "result": {"name": ctx.output_name(name), "dtype": _dtype_name(entry.result.dtype),
-                       "dims": [_dim_json(d) for d in entry.result.dims]},
+            **_results_record(entry, ctx.output_name(name)),
             "preconditions": preconditions(entry),
             "export_seconds": round(seconds, 3),
         }
@@ -240,6 +239,13 @@ def write_artifact(ctx, out_dir: Path) -> list[Path]:
     signature = out_dir / "signature.json"
     signature.write_text(json.dumps(_signature(ctx, entries), indent=2) + "\n", encoding="utf-8")
     return written + [signature]
+
+
+def _results_record(entry: ir.Entry, base: str) -> dict:
+    """`result` for one result; `results`, a list in the exported call's order, for several."""
+    records = [{"name": out, "dtype": _dtype_name(t.dtype), "dims": [_dim_json(d) for d in t.dims]}
+               for out, t in zip(ir.output_names(entry, base), ir.result_types(entry.result))]
+    return {"results": records} if isinstance(entry.result, ir.TupleType) else {"result": records[0]}
 
 
 def _packing_record(entry: ir.Entry) -> dict:

@@ -13,7 +13,7 @@ from ..diagnostics import Note, Span
 from ..dims import DimExpr
 from ..front.modules import ModuleInfo
 from ..front.templates import is_template
-from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT,
+from ..types import (ALL_DTYPES, DIM_KIND, DTYPE_KINDS, GENERIC_KINDS, MEMBER_KINDS, REAL_KIND, SHAPE_KIND, Binding, SubArrayT, SubT, TensorT, TupleT,
                      Type, is_float, number_range)
 from .core import Checker, fail, item_key, silent, suggest
 from .inference import bind_explicit, symbol_name
@@ -252,10 +252,31 @@ def _check_signature(checker: Checker, fn: FnSig) -> None:
     if node.result is None:
         fail(codes.MISSING_RESULT_TYPE,
              f"function `{fn.name}` must declare its result type with `-> ...`", node.name_span)
-    fn.result = resolve_type(node.result, fn.scope)
+    fn.result = _result_type(node.result, fn.scope)
     if fn.is_entry:
         _check_entry_signature(fn)
     fn.checked = True
+
+
+def _result_type(node: ast.TypeNode, scope) -> Type:
+    """A function's result: one type, or several (`-> (logits: ..., cache: ...)`), each a tensor
+    and, when named, every one named once (the names are what the runtime calls the outputs)."""
+    if not isinstance(node, ast.TupleTypeNode):
+        return resolve_type(node, scope)
+    items = []
+    for item in node.items:
+        t = resolve_type(item, scope)
+        if not isinstance(t, TensorT):
+            fail(codes.TUPLE_MISUSE, f"each of several results is a tensor; found {t}", item.span)
+        items.append(t)
+    named = [n for n in node.names if n is not None]
+    if named and len(named) != len(node.names):
+        fail(codes.TUPLE_MISUSE, "name every result or none of them", node.span,
+             Note(f"named: {', '.join(named)}; {len(node.names) - len(named)} without a name"))
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:
+        fail(codes.DUPLICATE_NAME, f"the result `{twice[0]}` is named twice", node.span)
+    return TupleT(tuple(items), tuple(node.names))
 
 
 def _param_default(fn: FnSig, p: ast.Param, t: Type) -> int:

@@ -12,7 +12,7 @@ from ..diagnostics import Note, Span
 from ..dims import DimError, DimExpr, const, sym
 from ..prims import PRIMS, PrimCall
 from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, MemberT, WEAK_INT, DimT, ErrorT, ListT, NoneT, SomeT, SubArrayT, SubT, TensorT,
-                     Type, format_binding, scalar, substitute)
+                     TupleT, Type, format_binding, scalar, substitute)
 from .core import BodyContext, fail, item_key, silent, suggest
 from .inference import bind_explicit, fill_defaults, infer
 from .obligations import broadcast, discharge, expect_arg
@@ -20,8 +20,13 @@ from .program import CallInfo, FnSig, NameInfo
 from .type_syntax import OPS_ON_DIMS, resolve_dtype_arg
 
 
-def check_expr(node: ast.Expr, ctx: BodyContext) -> Type:
+def check_expr(node: ast.Expr, ctx: BodyContext, several: bool = False) -> Type:
+    """The type of `node`.  Only `return` and `let (a, b) =` pass `several`: elsewhere a call
+    that returns several results is refused, as one value is expected there."""
     t = _EXPRESSION_CHECKS[type(node)](node, ctx)
+    if isinstance(t, TupleT) and not several:
+        fail(codes.TUPLE_MISUSE, f"this call returns several results, {t}, where one value is expected",
+             node.span, Note(f"bind them first: `let ({', '.join(_result_names(t))}) = ...`"))
     if isinstance(t, TensorT) and t.rank is not None:
         _refuse_pass_dependent_shape(node, t, ctx)
     ctx.checker.types[id(node)] = t
@@ -36,6 +41,16 @@ def _refuse_pass_dependent_shape(node: ast.Expr, t: TensorT, ctx: BodyContext) -
             fail(codes.SHAPE_FROM_PASS_NUMBER, f"this value's shape {t} depends on the pass number, which every "
                  "pass of a `static for` must agree on", node.span, _pass_note(dim, ctx),
                  Note("index with the pass number, or slice a fixed length: `x[i:i + 1]`"))
+
+
+def _result_names(t: TupleT) -> list[str]:
+    return [n or f"r{i}" for i, n in enumerate(t.names)]
+
+
+def _check_tuple_lit(node: ast.TupleLit, ctx: BodyContext) -> Type:
+    # `return` checks its own tuple literal; anywhere else one is a mistake.
+    fail(codes.TUPLE_MISUSE, f"a tuple of {len(node.items)} values is only a `return`'s value", node.span,
+         Note("a function returns several results with `-> (A, B)` and `return (a, b)`"))
 
 
 def _check_int_lit(node: ast.IntLit, ctx: BodyContext) -> Type:
@@ -367,6 +382,7 @@ def _numel(dims) -> DimExpr:
 
 
 _EXPRESSION_CHECKS = {
+    ast.TupleLit: _check_tuple_lit,
     ast.IntLit: _check_int_lit,
     ast.FloatLit: _check_float_lit,
     ast.NoneLit: _check_none_lit,

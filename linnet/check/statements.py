@@ -10,7 +10,7 @@ from ..front import ast
 from .. import codes
 from ..diagnostics import Diagnostic, Note, Span
 from ..dims import DimExpr, const, sym
-from ..types import DimT, ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, Type
+from ..types import DimT, ErrorT, NoneT, OptionT, SomeT, SubArrayT, SubT, TensorT, TupleT, Type
 from .core import BodyContext, Checker, Failure, Local, fail, silent
 from .expressions import check_expr, check_name
 from .obligations import broadcasts_of, expect_same, mismatch
@@ -53,6 +53,9 @@ def _poison(stmt: ast.Stmt, ctx: BodyContext) -> None:
     """Bind what a failed statement would have bound to the error type."""
     if isinstance(stmt, ast.Let):
         ctx.bind(stmt.name, Local(ErrorT(), stmt.mutable, stmt.name_span))
+    elif isinstance(stmt, ast.Destructure):
+        for name, span in zip(stmt.names, stmt.name_spans):
+            ctx.bind(name, Local(ErrorT(), False, span))
     elif isinstance(stmt, ast.StaticFor) and stmt.collect is not None:
         ctx.bind(stmt.collect.into, Local(ErrorT(), False, stmt.collect.into_span))
 
@@ -100,12 +103,71 @@ def _check_assign(stmt: ast.Assign, ctx: BodyContext) -> bool:
 
 
 def _check_return(stmt: ast.Return, ctx: BodyContext) -> bool:
-    t = check_expr(stmt.value, ctx)
     default_of = ctx.sig.node.default_of  # the function the resolver made of a computed default
     what = (f"the default of `{default_of[1]}` (a parameter of `{default_of[0]}`)" if default_of
             else f"the result of `{ctx.sig.name}`")
-    expect_same(ctx.sig.result, t, ctx.facts, stmt.value.span, what, ctx.sig.node.result.span)
+    result, decl = ctx.sig.result, ctx.sig.node.result.span
+    if isinstance(stmt.value, ast.TupleLit):
+        _check_returned_tuple(stmt.value, result, what, ctx)
+        return True
+    t = check_expr(stmt.value, ctx, several=True)
+    if isinstance(result, TupleT) or isinstance(t, TupleT):
+        _expect_results(result, t, stmt.value.span, what, decl)
+        for expected, found in zip(result.items, t.items):
+            expect_same(expected, found, ctx.facts, stmt.value.span, what, decl)
+    else:
+        expect_same(result, t, ctx.facts, stmt.value.span, what, decl)
     return True
+
+
+def _check_returned_tuple(value: ast.TupleLit, result: Type, what: str, ctx: BodyContext) -> None:
+    """`return (a, b)`: as many values as the declared results, each of its result's type."""
+    found = TupleT(tuple(check_expr(item, ctx) for item in value.items), (None,) * len(value.items))
+    decl = ctx.sig.node.result.span
+    _expect_results(result, found, value.span, what, decl)
+    for i, (item, expected, t) in enumerate(zip(value.items, result.items, found.items)):
+        name = result.names[i]
+        expect_same(expected, t, ctx.facts, item.span, f"result {i + 1}{f' (`{name}`)' if name else ''} of "
+                    f"{what.removeprefix('the result of ')}", decl)
+    ctx.checker.types[id(value)] = result
+
+
+def _expect_results(expected: Type, found: Type, span: Span, what: str, decl: Span) -> None:
+    """Several values where several are declared, and as many; a failure names both counts."""
+    if isinstance(expected, ErrorT) or isinstance(found, ErrorT):
+        silent()  # reported where it failed
+    if not isinstance(expected, TupleT):
+        fail(codes.TUPLE_MISUSE, f"{what} is one value, {expected}; found {len(found.items)} values, {found}",
+             span, Note("declared here", decl))
+    if not isinstance(found, TupleT):
+        fail(codes.TUPLE_MISUSE, f"{what} is {len(expected.items)} values, {expected}; found one, {found}",
+             span, Note("declared here", decl), Note("return several with `return (a, b)`"))
+    if len(expected.items) != len(found.items):
+        fail(codes.TUPLE_ARITY, f"{what} is {len(expected.items)} values, {expected}; found "
+             f"{len(found.items)}", span, Note("declared here", decl))
+
+
+def _check_destructure(stmt: ast.Destructure, ctx: BodyContext) -> bool:
+    """`let (a, b) = f(x)`: one `let` per result of a call that returns several."""
+    for i, (name, span) in enumerate(zip(stmt.names, stmt.name_spans)):
+        earlier = stmt.name_spans[stmt.names.index(name)]
+        if stmt.names.index(name) < i:
+            fail(codes.DUPLICATE_NAME, f"`{name}` is bound twice by this `let`", span, Note("first here", earlier))
+        if name in ctx.locals[-1]:
+            fail(codes.DUPLICATE_NAME, f"`{name}` is already bound in this scope", span,
+                 Note("first bound here", ctx.lookup(name).span))
+    t = check_expr(stmt.value, ctx, several=True)
+    if isinstance(t, ErrorT):
+        silent()
+    if not isinstance(t, TupleT):
+        fail(codes.TUPLE_MISUSE, f"`let ({', '.join(stmt.names)})` takes the results of a call that returns "
+             f"several; this is one value, {t}", stmt.value.span, Note("bind one value with `let name = ...`"))
+    if len(t.items) != len(stmt.names):
+        fail(codes.TUPLE_ARITY, f"this call returns {len(t.items)} results, {t}; the `let` names "
+             f"{len(stmt.names)}", stmt.span)
+    for name, span, item in zip(stmt.names, stmt.name_spans, t.items):
+        ctx.bind(name, Local(item, False, span, "let"))
+    return False
 
 
 def _check_static_for(stmt: ast.StaticFor, ctx: BodyContext) -> bool:
@@ -251,6 +313,7 @@ def _check_if_some(stmt: ast.IfSome, ctx: BodyContext) -> bool:
 
 _STATEMENT_CHECKS = {
     ast.Let: _check_let,
+    ast.Destructure: _check_destructure,
     ast.Assign: _check_assign,
     ast.Return: _check_return,
     ast.StaticFor: _check_static_for,
@@ -263,6 +326,8 @@ def _declared_in(stmts: list[ast.Stmt], name: str) -> Span | None:
     for stmt in stmts:
         if isinstance(stmt, ast.Let) and stmt.name == name:
             return stmt.name_span
+        if isinstance(stmt, ast.Destructure) and name in stmt.names:
+            return stmt.name_spans[stmt.names.index(name)]
         if isinstance(stmt, ast.StaticFor) and stmt.collect is not None and stmt.collect.into == name:
             return stmt.collect.into_span
         for inner in (getattr(stmt, "body", None), getattr(stmt, "then_body", None),

@@ -87,7 +87,17 @@ class OptionTypeNode:
     span: Span
 
 
-TypeNode = TensorTypeNode | NamedTypeNode | OptionTypeNode
+@dataclass(eq=False)
+class TupleTypeNode:
+    """`(Tensor[...], Tensor[...])` or `(logits: Tensor[...], cache: Tensor[...])`: a function's
+    several results (a result type only).  `names` is all None when the items are not named."""
+
+    items: list["TypeNode"]
+    names: list[str | None]
+    span: Span
+
+
+TypeNode = TensorTypeNode | NamedTypeNode | OptionTypeNode | TupleTypeNode
 
 
 @dataclass(eq=False)
@@ -198,7 +208,15 @@ class Index:
     span: Span
 
 
-Expr = Name | IntLit | FloatLit | NoneLit | ListLit | Binary | Unary | Call | MethodCall | Index
+@dataclass(eq=False)
+class TupleLit:
+    """`(logits, cache)`: a return's value when the function returns several results."""
+
+    items: list["Expr"]
+    span: Span
+
+
+Expr = TupleLit | Name | IntLit | FloatLit | NoneLit | ListLit | Binary | Unary | Call | MethodCall | Index
 
 
 # ----------------------------------------------------------------------- statements
@@ -212,6 +230,16 @@ class Let:
     value: Expr
     span: Span
     name_span: Span
+
+
+@dataclass(eq=False)
+class Destructure:
+    """`let (logits, cache) = f(x)`: one local per result of a call that returns several."""
+
+    names: list[str]
+    name_spans: list[Span]
+    value: Expr
+    span: Span
 
 
 @dataclass(eq=False)
@@ -276,7 +304,7 @@ class IfSome:
     binding_span: Span | None = None  # the name inside `some(...)`
 
 
-Stmt = Let | Assign | Return | StaticFor | IfSome
+Stmt = Let | Destructure | Assign | Return | StaticFor | IfSome
 
 
 # ---------------------------------------------------------------------------- items

@@ -105,6 +105,9 @@ def _describe_expected(expected: set[str]) -> str:
     if {"a name", "an integer", "'('"} <= names:
         names -= _EXPRESSION_START
         groups.append("an expression")
+    if {"'Tensor'", "'Option'", "a name", "'('"} <= names:  # after `->`: a result type
+        names -= {"'Tensor'", "'Option'", "a name", "'('"}
+        groups.append("a type (Tensor[...], Option[...], a dtype, or several results in parentheses)")
     if {"'Tensor'", "'Option'", "a name"} <= names:
         names -= {"'Tensor'", "'Option'", "a name"}
         groups.append("a type (Tensor[...], Option[...] or a dtype)")
@@ -416,6 +419,12 @@ class _ToAst(Transformer):
     def option_type(self, meta, children):
         return ast.OptionTypeNode(children[0], self._s(meta))
 
+    def tuple_type(self, meta, children):
+        return ast.TupleTypeNode([t for _, t in children], [n for n, _ in children], self._s(meta))
+
+    def tuple_item(self, meta, children):
+        return (str(children[0]), children[1]) if len(children) == 2 else (None, children[0])
+
     def named_type(self, meta, children):
         return ast.NamedTypeNode(str(children[0]), self._s(meta))
 
@@ -462,6 +471,10 @@ class _ToAst(Transformer):
         name = children[0]
         annotation = children[1] if len(children) == 3 else None
         return ast.Let(str(name), mutable, annotation, children[-1], self._s(meta), self._t(name))
+
+    def destructure_stmt(self, meta, children):
+        *names, value = children
+        return ast.Destructure([str(n) for n in names], [self._t(n) for n in names], value, self._s(meta))
 
     def assign_stmt(self, meta, children):
         name, value = children
@@ -557,6 +570,9 @@ class _ToAst(Transformer):
 
     def none_lit(self, meta, children):
         return ast.NoneLit(self._s(meta))
+
+    def tuple_lit(self, meta, children):
+        return ast.TupleLit(list(children), self._s(meta))
 
     def list_lit(self, meta, children):
         return ast.ListLit(children[0], self._s(meta))

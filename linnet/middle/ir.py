@@ -42,6 +42,23 @@ class TensorType:
         return f"Tensor[{', '.join(map(str, self.dims))}; {self.dtype}]"
 
 
+@dataclass(frozen=True)
+class TupleType:
+    """A function's several results (`-> (logits: ..., cache: ...)`); `names` all None when
+    they are not named.  Only a function's result, a call of it and a `MakeTuple` have one."""
+
+    items: tuple[TensorType, ...]
+    names: tuple[str | None, ...]
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(f"{n}: {t}" if n else str(t) for n, t in zip(self.names, self.items)) + ")"
+
+
+def result_types(t: "TensorType | TupleType") -> tuple[TensorType, ...]:
+    """The tensors a result is: itself, or each of several."""
+    return t.items if isinstance(t, TupleType) else (t,)
+
+
 # ------------------------------------------------------------------- expressions
 
 
@@ -116,7 +133,18 @@ class Call:
     receiver: str | None = None
 
 
-Expr = Union[Ref, ParamRef, Scalar, DimValue, Absent, Op, Call]
+@dataclass(frozen=True)
+class MakeTuple:
+    """`(a, b)`, the value of a `Return` in a function with several results, and nowhere else."""
+
+    args: tuple["Expr", ...]
+    type: TupleType
+    line: int
+
+
+Expr = Union[Ref, ParamRef, Scalar, DimValue, Absent, Op, Call, MakeTuple]
+#: The expressions with arguments, which visitors descend into.
+WITH_ARGS = (Op, Call, MakeTuple)
 
 
 # -------------------------------------------------------------------- statements
@@ -132,6 +160,15 @@ class Let:
 @dataclass(frozen=True)
 class Assign:
     name: str
+    value: Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class Unpack:
+    """`let (a, b) = f(x)`: `value`, a call whose type is a `TupleType`, bound one name per result."""
+
+    names: tuple[str, ...]
     value: Expr
     line: int
 
@@ -175,7 +212,7 @@ class Loop:
         return range(self.start, count if self.stop is None else self.stop)
 
 
-Stmt = Union[Let, Assign, Return, Loop]
+Stmt = Union[Let, Unpack, Assign, Return, Loop]
 
 
 # ---------------------------------------------------------------------- program
@@ -189,7 +226,7 @@ class Function:
     block: str | None  # Block.id for methods
     params: list[tuple[str, TensorType | None]]  # None: an absent Option (always passed `none`)
     body: list[Stmt]
-    result: TensorType
+    result: "TensorType | TupleType"
     span: Span
     generics: dict[str, object]  # the instantiation, for comments: {"D": 768, "T": "f32"}
     # Where each symbolic dim used in the body is read at run time: dim -> (param, axis).
@@ -234,7 +271,7 @@ class Entry:
     function: str  # Function.id of the root block's method
     dims: list[str]  # the free dims, B and S
     inputs: list[tuple[str, TensorType]]
-    result: TensorType
+    result: "TensorType | TupleType"  # several results: a tuple at run time (named if they are)
     preconditions: list[tuple[DimExpr, str, DimExpr, Span]]  # e.g. (S, "<=", 512)
     dim_sources: dict[str, tuple[str, int]]
     #: Inputs the caller may leave out (`= zeros` / `= ones`) and their fill value.  Every
@@ -253,13 +290,26 @@ class Entry:
         return [self.function] + [c.function for c in self.computed.values()]
 
 
+def output_names(entry: Entry, base: str) -> list[str]:
+    """What exports (ONNX graph outputs, StableHLO's signature.json, Triton) call the entry's
+    results: `base` (nest.toml `[outputs]`, else the entry's name) for one result; for several,
+    `base.name` per named result, `base.0`, `base.1`, ... when unnamed, so two entries of one
+    graph never share an output name."""
+    if not isinstance(entry.result, TupleType):
+        return [base]
+    return [f"{base}.{name if name is not None else i}" for i, name in enumerate(entry.result.names)]
+
+
 def pairwise_result(entry: Entry) -> bool:
     """Whether the entry's result has one of its free dims twice, a value per pair of
     positions (attention probabilities, `[B, Layers, Heads, S, S]`): its size grows with the
     square of the sequence, so exports keep it apart from the per-token entries (a graph of
     its own, out of Triton's default set)."""
-    free = [str(d) for d in entry.result.dims if str(d) in entry.dims]
-    return len(free) != len(set(free))
+    for result in result_types(entry.result):
+        free = [str(d) for d in result.dims if str(d) in entry.dims]
+        if len(free) != len(set(free)):
+            return True
+    return False
 
 
 @dataclass
@@ -298,7 +348,7 @@ class Program:
 def walk(expr: Expr):
     """`expr` and every expression inside it, parents before their arguments."""
     yield expr
-    if isinstance(expr, (Op, Call)):
+    if isinstance(expr, WITH_ARGS):
         for a in expr.args:
             yield from walk(a)
 
@@ -320,7 +370,7 @@ def calls(stmts):
 def map_expr(expr: Expr, fn) -> Expr:
     """Rebuild `expr` bottom-up; `fn(node)` returns a replacement or None to keep the node.
     Unchanged subtrees stay the same objects."""
-    if isinstance(expr, (Op, Call)):
+    if isinstance(expr, WITH_ARGS):
         args = tuple(map_expr(a, fn) for a in expr.args)
         if args != expr.args:
             expr = replace(expr, args=args)
@@ -337,6 +387,23 @@ def map_stmts(stmts, fn) -> list:
         else:
             out.append(replace(stmt, value=map_expr(stmt.value, fn)))
     return out
+
+
+def returns_several(program: "Program", entry: Entry) -> bool:
+    """Whether the entry, or a function it reaches, has several results.  The passes that
+    rewrite a function for its call sites (packing, dead rows) do not follow a tuple through
+    `Unpack`, so they leave such an entry as it is: unoptimised, never wrong."""
+    seen: set[str] = set()
+    todo = list(entry.functions())
+    while todo:
+        fn = program.functions[todo.pop()]
+        if fn.id in seen:
+            continue
+        seen.add(fn.id)
+        if isinstance(fn.result, TupleType):
+            return True
+        todo += [c.function for c in calls(fn.body)]
+    return False
 
 
 def fresh(name: str, taken) -> str:
@@ -420,7 +487,7 @@ def run_passes(state, passes, *, exact: bool = True, verify_each: bool = False) 
 def _expr_refs(expr: Expr):
     if isinstance(expr, Ref):
         yield expr.name
-    elif isinstance(expr, (Op, Call)):
+    elif isinstance(expr, WITH_ARGS):
         for a in expr.args:
             yield from _expr_refs(a)
 
@@ -436,6 +503,8 @@ def bound_names(stmts) -> set[str]:
                 names.add(stmt.collect.into)
         elif isinstance(stmt, (Let, Assign)):
             names.add(stmt.name)
+        elif isinstance(stmt, Unpack):
+            names |= set(stmt.names)
     return names
 
 
@@ -465,8 +534,8 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
                                     f"it takes {len(callee.params)}")
         if isinstance(expr, Ref) and types.get(expr.name) is not None and expr.type != types[expr.name]:
             raise InternalError(f"{fn.id}: `{expr.name}` is read as {expr.type}, but it holds {types[expr.name]}")
-        if isinstance(expr, (Op, Call)):
-            for d in expr.type.dims:
+        if isinstance(expr, WITH_ARGS):
+            for d in (d for t in result_types(expr.type) for d in t.dims):
                 extra = d.free_symbols() - allowed_dims
                 if extra:
                     raise InternalError(f"{fn.id}: type {expr.type} has unbound dims {sorted(extra)}")
@@ -495,10 +564,30 @@ def _verify_function(program: Program, fn: Function, allowed_dims: set[str]) -> 
                     defined.add(stmt.collect.into)
                 continue
             check_expr(stmt.value)
+            check_several(stmt)
+            if isinstance(stmt, Unpack):
+                defined.update(stmt.names)
+                types.update(zip(stmt.names, stmt.value.type.items))
             if isinstance(stmt, (Let, Assign)):
                 defined.add(stmt.name)
                 value_type = getattr(stmt.value, "type", None)
                 types[stmt.name] = value_type if isinstance(stmt, Let) and isinstance(value_type, TensorType) else None
+
+    def check_several(stmt) -> None:
+        """Several results travel only from a call to an `Unpack` or a `Return`, a `MakeTuple`
+        only to a `Return`, and a return's value is what the function declares it returns."""
+        several = isinstance(getattr(stmt.value, "type", None), TupleType)
+        if isinstance(stmt, Unpack):
+            if not (isinstance(stmt.value, Call) and several and len(stmt.names) == len(stmt.value.type.items)):
+                raise InternalError(f"{fn.id}: unpacking {len(stmt.names)} names from {stmt.value}")
+        elif isinstance(stmt, Return):
+            if several != isinstance(fn.result, TupleType) or (several and stmt.value.type != fn.result):
+                raise InternalError(f"{fn.id}: returns {getattr(stmt.value, 'type', None)}, declared {fn.result}")
+        elif several:
+            raise InternalError(f"{fn.id}: several results bound to one name, `{stmt.name}`")
+        nested = [e for e in walk(stmt.value) if e is not stmt.value]
+        if any(isinstance(getattr(e, "type", None), TupleType) for e in nested):
+            raise InternalError(f"{fn.id}: several results used as one value")
 
     def check_range(loop: Loop) -> None:
         subs = {s.name: s for s in program.blocks[fn.block].subs} if fn.block is not None else {}

@@ -22,7 +22,7 @@ from ..check import CheckedProgram, FnSig
 from ..diagnostics import InternalError, LinnetError, Diagnostic
 from ..dims import DimExpr, Sym, const, sym
 from .instantiate import BlockInstance, Instance
-from ..types import (DIM_KIND, Binding, Member, DimT, ListT, NoneT, OptionT, TensorT, Type, Variadic, dims_only,
+from ..types import (DIM_KIND, Binding, Member, DimT, ListT, NoneT, OptionT, TensorT, TupleT, Type, Variadic, dims_only,
                     number_range, substitute, substitute_dims)
 
 #: Binary operator -> the op it lowers to, from the registry (`OpDef.operator`).
@@ -43,6 +43,8 @@ def _number(value: int, dtype: str, span) -> float:
 
 def _concrete(t: Type, env) -> ir.TensorType:
     s = substitute(t, env)
+    if isinstance(s, TupleT):  # several results: each concrete
+        return ir.TupleType(tuple(_concrete(i, {}) for i in s.items), s.names)
     if not isinstance(s, TensorT) or any(isinstance(d, Variadic) for d in s.dims) or not isinstance(s.dtype, str):
         raise InternalError(f"lowering met a type that is not concrete: {s}")
     return ir.TensorType(tuple(s.dims), s.dtype)
@@ -271,6 +273,11 @@ class Lowerer:
             value = self._expr(stmt.value, scope)  # before the name is bound: `let x = x + 1` reads the old x
             scope.names[stmt.name] = scope.bind(stmt.name)
             return [ir.Let(scope.names[stmt.name], value, line)]
+        if isinstance(stmt, ast.Destructure):
+            value = self._expr(stmt.value, scope)
+            for name in stmt.names:
+                scope.names[name] = scope.bind(name)
+            return [ir.Unpack(tuple(scope.names[n] for n in stmt.names), value, line)]
         if isinstance(stmt, ast.Assign):
             return [ir.Assign(scope.names[stmt.name], self._expr(stmt.value, scope), line)]
         if isinstance(stmt, ast.Return):
@@ -369,6 +376,12 @@ class Lowerer:
         if isinstance(t, DimT):
             return ir.DimValue(t.expr)
         return ir.Scalar(float(value), _concrete(t, {}))
+
+    def _lower_tuplelit(self, node: ast.TupleLit, scope) -> ir.Expr:
+        t = self._tensor_type(node, scope)  # the function's declared results (checked so)
+        args = tuple(self._as_operand(self._expr(item, scope), r.dtype, item.span)
+                     for item, r in zip(node.items, t.items))
+        return ir.MakeTuple(args, t, node.span.line)
 
     def _lower_intlit(self, node: ast.IntLit, scope) -> ir.Expr:
         return ir.DimValue(const(node.value))
@@ -563,6 +576,8 @@ def _declared_names(stmts: list[ast.Stmt]) -> set[str]:
     for stmt in stmts:
         if isinstance(stmt, ast.Let):
             names.add(stmt.name)
+        elif isinstance(stmt, ast.Destructure):
+            names |= set(stmt.names)
         elif isinstance(stmt, ast.StaticFor):
             names |= {stmt.var} | _declared_names(stmt.body) | ({stmt.index} if stmt.index else set())
             if stmt.collect is not None:

@@ -208,6 +208,8 @@ def _stable_params(fn: ir.Function) -> set[str]:
                 visit(stmt.body)
             elif isinstance(stmt, (ir.Assign, ir.Let)):
                 assigned.add(stmt.name)
+            elif isinstance(stmt, ir.Unpack):
+                assigned.update(stmt.names)
 
     visit(fn.body)
     return {name for name, t in fn.params if t is not None and name not in assigned}

@@ -547,6 +547,9 @@ def pack_tokens(out, exact: bool = True) -> None:
     program = out.program
     shared: dict = {}
     for name, entry in list(program.entries.items()):
+        if ir.returns_several(program, entry):
+            out.notes.append(f"{name}: not packed: it has several results somewhere, which packing does not follow")
+            continue
         reasons = []
         for mask in _mask_candidates(program, entry):
             try:

@@ -474,6 +474,9 @@ def dead_rows(out, exact: bool = True) -> None:
     program = out.program
     owner = DeadRows(program)
     for name, entry in list(program.entries.items()):
+        if ir.returns_several(program, entry):
+            out.notes.append(f"{name}: dead rows: not tried, as it has several results somewhere")
+            continue
         made = owner.specialise(entry.function, None)
         if made is not None and any(p is not None for p in made.params):
             made = owner.specialise(entry.function, None, entry=True)  # it reads rows of an input

@@ -31,7 +31,7 @@ from ..backends import FrontEndResult, LoadContext, available, cache_dir, check_
 from ..compiler import Target, compile_target
 from ..diagnostics import Diagnostic, LinnetError
 from ..middle.lower import lower
-from ..runtime import InputValidator
+from ..runtime import InputValidator, results
 from .layouts import LayoutBindings
 from .manifest import Manifest, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
@@ -146,7 +146,8 @@ class Model:
         return tuple(f for f in FIELDS if f in taken) if "tokens" in taken else FIELDS
 
     def run(self, entry: str, *args, **kwargs):
-        return self.runtime.run(entry, self.validate(entry, *args, **kwargs))
+        result = self.runtime.run(entry, self.validate(entry, *args, **kwargs))
+        return results(self.program.entries[entry], result)
 
     def validate(self, entry: str, *args, **kwargs) -> list:
         """The inputs `entry` would run on, checked against its signature (shapes, dtypes,

@@ -213,7 +213,7 @@ def _check_options(model, batch_size, entry: str, output_value: str, precision: 
                                      notes=(Note("encode runs a sentence-embedding entry: pass entry= one "
                                                  "returning [B, D]"),)))
     result = model.program.entries[entry].result
-    if result.rank != 2:
+    if getattr(result, "rank", None) != 2:  # several results (a tuple type) have no rank
         raise error(codes.UNKNOWN_MODEL_ENTRY, f"encode needs an entry returning one vector per text ([B, D]); "
                                                f"`{entry}` returns {result}")
 

@@ -11,13 +11,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import codes, dtypes
-from ..diagnostics import Diagnostic, LinnetError
+from ..diagnostics import Diagnostic, LinnetError, Note
 from ..middle import ir
 from ..runtime import index_bounds
 
 
-def _error(code: codes.ErrorCode, message: str) -> LinnetError:
-    return LinnetError(Diagnostic(code, message))
+def _error(code: codes.ErrorCode, message: str, note: str | None = None) -> LinnetError:
+    return LinnetError(Diagnostic(code, message, None, (Note(note),) if note else ()))
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,13 @@ def triton_io(ctx, entries=None) -> TritonIO:
     chosen = _chosen_entries(ctx, program, entries)
     if not chosen:
         raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES, f"{ctx.name} has no entries to serve")
+    several = [e.name for e in chosen if isinstance(e.result, ir.TupleType)]
+    if several:
+        raise _error(codes.TRITON_SEVERAL_RESULTS,
+                     f"{ctx.name}: entry `{several[0]}` returns several results, "
+                     f"{chosen[[e.name for e in chosen].index(several[0])].result}; Triton export serves an "
+                     "entry with one result only", "serve the other entries with `entries=`, or run it with "
+                     "nest.load, whose backends return each result")
     first = chosen[0]
     inputs = tuple(Input(n, t.dtype, _dims(t), first.defaults.get(n)) for n, t in first.inputs)
     outputs = []
@@ -196,6 +203,8 @@ def _served_by_default(entry: ir.Entry, first: ir.Entry) -> bool:
     which batches along B like the others but is a diagnostic no client should pay for by
     default.  Any entry is served when `entries` names it."""
     lead = first.inputs[0][1].dims[0] if first.inputs and first.inputs[0][1].dims else None
+    if isinstance(entry.result, ir.TupleType):
+        return entry is first  # several results: refused by name (`triton_io`) unless left out
     dims = entry.result.dims
     return (entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
             and not ir.pairwise_result(entry))

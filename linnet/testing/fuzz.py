@@ -90,6 +90,7 @@ SNIPPETS = ["fn ", "entry ", "block ", "sub ", "param ", "let ", "var ", "return
             "-", "+", "=", "== ", "Tensor[", "Option[", "0", "-1", "1.5", "1e-3", "$", "use ", "module ", "pub ",
             "const ", "::", ".", "f32 ", "i32 ", "Dim", "Float", "Shape", "*S", "\n", "// c\n", "\t", "\u00e9",
             "broadcasts to ", " then ", "= zeros", "= ones", "= positions(attention_mask)", "= tokens", "..", "[:, 0]", "[0:1]", "[-1]", "cast<f32>(", "\r\n", "\r",
+            "let (a, b) = ", "return (x, x)", "-> (Tensor[; f32], Tensor[; f32]) ", "-> (a: Tensor[; f32], b: Tensor[; f32]) ",
             "\x00", "\ufeff", "//", "/*", "\"", "'", "\\", "#", "`"]
 INTERESTING_INTS = ["0", "1", "2", "3", "7", "16", "-1", "255", "4096", "2147483647", "2147483648",
                     "9223372036854775807", "9223372036854775808", "100000000000000000000000000000",
