@@ -380,6 +380,29 @@ def test_every_tensor_type_matches_transformers_gguf_loading(tmp_path):
     assert np.abs(np.asarray(model(tokens)) - want).max() < 1e-5
 
 
+def test_gguf_weights_whose_metadata_disagrees_with_the_entry_are_refused(path, tmp_path):
+    """`weights=` a GGUF file: its RoPE base and epsilon, which no binding check sees (the
+    shapes all match), must be the entry's, as for a `[weights.package]` copy. Here the entry
+    says Theta = 10000.0 and the file 100000.0: refused before compile, not run with the wrong
+    rotation."""
+    import re
+
+    from linnet.paths import zoo_dir
+
+    entry = tmp_path / "smollm2-135m-instruct"
+    shutil.copytree(zoo_dir() / entry.name, entry, ignore=shutil.ignore_patterns("*.json"))
+    toml = entry / "nest.toml"
+    text, count = re.subn(r"^Theta = 100000\.0$", "Theta = 10000.0", toml.read_text(), flags=re.M)
+    assert count == 1
+    toml.write_text(text)
+    with pytest.raises(LinnetError) as caught:
+        nest.load(entry, backend="torch", weights=path)
+    says = caught.value.render()
+    assert caught.value.code == "E1113", says
+    assert f"the GGUF file {path.name} that weights= does not describe" in says
+    assert "Theta = 100000.0 (the entry's is 10000.0)" in says
+
+
 def test_linnet_run_answers_through_the_zoo_entry_with_the_gguf_weights(path, capsys):
     """`linnet run smollm2-135m-instruct --weights x.gguf TEXT`: the zoo entry's source and
     bindings over the file's tensors, the chat task chosen because the file has a template."""
