@@ -447,7 +447,8 @@ BAD_GGUF: Final = _register("E1113", "bad-gguf", "hf",
     "`nest.load(\"x.gguf\")`: the file is not a GGUF that gguf's reader can read (truncated, another "
     "format), or it holds what Linnet cannot load exactly: an architecture other than llama, a tensor "
     "type other than F32/F16/Q4_0/Q4_1/Q8_0, a missing or unknown tensor, scaled RoPE; or, as a zoo "
-    "entry's `[weights.package]` copy, metadata that disagrees with the entry's generics")
+    "entry's weights (`weights=`, or a `[weights.package]` copy), metadata that disagrees with the entry's "
+    "generics")
 
 # -- tokenizer: building and calling tokenizers (nest/tokenizer.py)
 BAD_TOKENIZER_FILE: Final = _register("E1201", "bad-tokenizer-file", "tokenizer",

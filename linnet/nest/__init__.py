@@ -354,15 +354,21 @@ def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
 
     if is_gguf(name_or_path):  # converted once into a save_pretrained-style folder (linnet/nest/gguf.py)
         name_or_path = gguf_folder(name_or_path)
-    if is_gguf(weights):  # a zoo entry's weights from a GGUF file: its converted folder
-        weights = gguf_folder(weights)
+    gguf_file = Path(weights) if is_gguf(weights) else None
+    if gguf_file is not None:  # a zoo entry's weights from a GGUF file: its converted folder
+        weights = gguf_folder(gguf_file)
     if is_model_folder(name_or_path):
         if revision is not None:
             raise LinnetError(Diagnostic(codes.BAD_INPUT, f"revision={revision!r} names a Hub commit, but "
                                          f"{name_or_path} is a local folder, which has one version"))
         manifest = folder_manifest(name_or_path, weights=weights)
         return manifest, None, weights if weights is not None else Path(name_or_path).resolve()
-    return load_manifest(name_or_path), revision, weights
+    manifest = load_manifest(name_or_path)
+    if gguf_file is not None:  # its RoPE base or epsilon, which no binding check sees, must be the entry's
+        from .weights import check_gguf_generics
+
+        check_gguf_generics(manifest, weights, gguf_file, "weights=")
+    return manifest, revision, weights
 
 
 def _compile(manifest: Manifest, dtype: str | None, overrides: dict | None, optimize: tuple[str, ...],

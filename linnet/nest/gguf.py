@@ -68,17 +68,25 @@ def gguf_folder(path: str | Path) -> Path:
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write_folder(tmp, tensors, config, tokenizer, tokenizer_config)
+    except BaseException:  # a full disk, an interrupt: no half-written folder stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process converted it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _write_folder(tmp: Path, tensors: dict, config: dict, tokenizer: str, tokenizer_config: dict) -> None:
     from safetensors.numpy import save_file
 
     save_file(tensors, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (tmp / "tokenizer.json").write_text(tokenizer)
     (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    try:
-        os.replace(tmp, folder)
-    except OSError:  # another process converted it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 

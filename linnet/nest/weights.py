@@ -204,15 +204,16 @@ def _from_packaged_gguf(manifest: Manifest, spec: WeightsSpec) -> Located | None
                    "dequantised to f32)")
     _verify_sha256(file, copy.sha256, description, f"reinstall {copy.distribution}")
     converted = gguf_folder(file)
-    _check_packaged_generics(manifest, converted, file)
+    check_gguf_generics(manifest, converted, file, "[weights.package] names")
     log.info("the Hugging Face cache lacks %s@%s; using %s (sha256 verified)", spec.repo, spec.revision[:12],
              description)
     return Located([converted / "model.safetensors"], "package", description, ("model.safetensors",))
 
 
-def _check_packaged_generics(manifest: Manifest, converted: Path, file: Path) -> None:
+def check_gguf_generics(manifest: Manifest, converted: Path, file: Path, how: str) -> None:
     """The generics the GGUF's metadata gives (read as `nest.load(folder)` reads them) equal the
-    entry's: the binding checks see shapes only, not RoPE's base or the norms' epsilon."""
+    entry's: the binding checks see shapes only, not RoPE's base or the norms' epsilon. `how`:
+    how the file was named ("weights=", "[weights.package] names")."""
     from .hf import folder_manifest
 
     found = folder_manifest(converted).generics
@@ -226,7 +227,7 @@ def _check_packaged_generics(manifest: Manifest, converted: Path, file: Path) ->
         if not same:
             differ.append(f"{name} = {given} (the entry's is {declared})")
     if differ:
-        raise error(codes.BAD_GGUF, f"the GGUF file {file.name} that [weights.package] names does not describe "
+        raise error(codes.BAD_GGUF, f"the GGUF file {file.name} that {how} does not describe "
                                     f"zoo entry {manifest.name!r}: its metadata gives {', '.join(differ)}",
                     None, Note(f"the file is {file}; the entry is {manifest.dir / 'nest.toml'}"))
 
