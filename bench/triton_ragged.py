@@ -148,6 +148,25 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def stable_figures(measure, tools, url: str, model: str, rows: list[dict], concurrency: int, ms: int) -> dict:
+    """perf_analyzer's figures; on a busy machine its windows may never agree, so a failed
+    run is tried once more with windows twice as long and more of them, then recorded as
+    unstable (no figures) rather than ending the bench."""
+    for window, trials in ((ms, 6), (2 * ms, 10)):
+        try:
+            return measure(tools, url, model, rows, concurrency=concurrency, batch=1, measurement_ms=window,
+                           max_trials=trials).to_json()
+        except RuntimeError as exc:
+            reason = str(exc).strip().splitlines()[-1]
+    return {"concurrency": concurrency, "batch": 1, "infer_per_s": None, "p50_ms": None, "p99_ms": None,
+            "unstable": reason}
+
+
+def _median(values):
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
 def bench_model(model: str, seqs: list[np.ndarray], levels: list[int], rounds: int, ms: int, tools) -> dict:
     from linnet.testing.perf_analyzer import measure
     from linnet.testing.triton_server import TritonServer
@@ -166,11 +185,10 @@ def bench_model(model: str, seqs: list[np.ndarray], levels: list[int], rounds: i
                 for c in levels:
                     for layout in order:
                         folder, called = repos[layout]
-                        figures = measure(tools, servers[folder].grpc_url, called, rows[layout], concurrency=c,
-                                          batch=1, measurement_ms=ms)
-                        runs.setdefault((layout, c), []).append(figures.to_json())
-                        print(json.dumps({"model": model, "round": r, "layout": layout, **figures.to_json()}),
-                              flush=True)
+                        figures = stable_figures(measure, tools, servers[folder].grpc_url, called, rows[layout],
+                                                 c, ms)
+                        runs.setdefault((layout, c), []).append(figures)
+                        print(json.dumps({"model": model, "round": r, "layout": layout, **figures}), flush=True)
         finally:
             for server in servers.values():
                 server.stop()
@@ -178,13 +196,14 @@ def bench_model(model: str, seqs: list[np.ndarray], levels: list[int], rounds: i
     table = []
     for (layout, c), figures in runs.items():
         table.append({"layout": layout, "concurrency": c,
-                      "texts_per_s": statistics.median(f["infer_per_s"] for f in figures),
-                      "p50_ms": statistics.median(f["p50_ms"] for f in figures),
-                      "p99_ms": statistics.median(f["p99_ms"] for f in figures),
+                      "texts_per_s": _median(f["infer_per_s"] for f in figures),
+                      "p50_ms": _median(f["p50_ms"] for f in figures),
+                      "p99_ms": _median(f["p99_ms"] for f in figures),
                       "rounds": figures})
     padded = {row["concurrency"]: row["texts_per_s"] for row in table if row["layout"] == "linnet-padded"}
     for row in table:
-        row["x_linnet_padded"] = round(row["texts_per_s"] / padded[row["concurrency"]], 3)
+        base = padded.get(row["concurrency"])
+        row["x_linnet_padded"] = round(row["texts_per_s"] / base, 3) if row["texts_per_s"] and base else None
     return {"model": model, "results": sorted(table, key=lambda r: (r["concurrency"], LAYOUTS.index(r["layout"])))}
 
 

@@ -103,8 +103,9 @@ def _input_data(inputs, folder: Path) -> Path:
 
 
 def measure(tools: ServerTools, grpc_url: str, model: str, inputs, *, concurrency: int,
-            batch: int, measurement_ms: int = 10000, timeout: float = 900) -> LoadFigures:
-    """One perf_analyzer run at `concurrency` requests in flight, each of `batch` rows."""
+            batch: int, measurement_ms: int = 10000, timeout: float = 900, max_trials: int = 6) -> LoadFigures:
+    """One perf_analyzer run at `concurrency` requests in flight, each of `batch` rows.
+    RuntimeError when perf_analyzer fails, as when no `max_trials` windows agree within 60%."""
     binary, env = provision_perf_analyzer(tools)
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as work:
         folder = Path(work)
@@ -113,7 +114,7 @@ def measure(tools: ServerTools, grpc_url: str, model: str, inputs, *, concurrenc
                    "--concurrency-range", f"{concurrency}:{concurrency}", "--input-data",
                    str(_input_data(inputs, folder)), "-p", str(measurement_ms),
                    # On 2 shared cores the default stability rule may never converge.
-                   "-s", "60", "--max-trials", "6", "-f", str(report)]
+                   "-s", "60", "--max-trials", str(max_trials), "-f", str(report)]
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, check=False)
         if result.returncode != 0 or not report.exists():
             raise RuntimeError(f"perf_analyzer failed (exit {result.returncode}): "
