@@ -24,6 +24,7 @@ use std.nn.attention::{attention, grouped_attention, merge_heads, split_heads}
 use std.nn.masks::{causal_mask, padding_mask, positions, sliding_window_mask}
 use std.nn.mlp::{GatedMlp}
 use std.nn.norm::{LayerNorm, RMSNorm}
+use std.nn.pooling::{ClsOrMean}
 use std.nn.rotary::{rope_half, rope_interleaved}
 
 pub block Parity<D: Dim, Inner: Dim, Heads: Dim, Half: Dim, Window: Dim, T: Float = f32, Eps: Real = 0.00001>
@@ -32,6 +33,8 @@ where Heads > 0, D % Heads == 0 {
     sub rms: RMSNorm<D, T, Eps>
     sub swiglu: GatedMlp<D, Inner, T, silu>
     sub geglu: GatedMlp<D, Inner, T, gelu_erf>
+    sub cls_pool: ClsOrMean<D, T, 0>
+    sub mean_pool: ClsOrMean<D, T, 1>
 
     pub entry layer_norm<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
         return ln.forward(x)
@@ -93,6 +96,15 @@ where Heads > 0, D % Heads == 0 {
     ) -> Tensor[B, Heads * 2, S, Half; T] {
         let mask = causal_mask<B, S, T>(attention_mask)
         return grouped_attention<B, Heads, 2, S, S, Half, T>(q, k, v, rsqrt(cast<f32>(Half)), mask)
+    }
+
+    // transformers' `classifier_pooling`: "cls" (Mean = 0) and "mean" (Mean = 1).
+    pub entry pool_cls<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, D; T] {
+        return cls_pool.forward(x, attention_mask)
+    }
+
+    pub entry pool_mean<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, D; T] {
+        return mean_pool.forward(x, attention_mask)
     }
 
     pub entry position_ids<B: Dim, S: Dim>(attention_mask: Tensor[B, S; i32]) -> Tensor[B, S; i32] {
@@ -234,6 +246,12 @@ ROWS = {
     "windowed": ((X, RIGHT), lambda: _sdpa(x_t, attn_mask=_window_mask() & _keys(RIGHT))),
     "padded": ((X, MASK), lambda: _sdpa(x_t, attn_mask=torch.from_numpy(MASK != 0)[:, None, None, :])),
 }
+
+# ClsOrMean in numpy: "cls" is position 0 whatever the mask (MASK's second row is left-padded,
+# so it is a padding position there, as transformers takes it); "mean" averages the real tokens.
+ROWS["pool_cls"] = ((X, MASK), lambda: torch.from_numpy(X[:, 0, :].copy()))
+ROWS["pool_mean"] = ((X, MASK), lambda: torch.from_numpy(
+    (X * MASK[..., None]).sum(1) / MASK.sum(1, keepdims=True).astype(np.float32)))
 
 MASKED_ROWS = {"causal": RIGHT, "windowed": RIGHT, "padded": MASK, "grouped": RIGHT}
 QG = RNG.standard_normal((B, 2 * HEADS, S, HALF)).astype(np.float32)

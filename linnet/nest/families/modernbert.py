@@ -19,6 +19,10 @@ infers regression from `num_labels == 1`; its other problem types are entries of
 
 Keys carry `model.` (ModernBertForMaskedLM) or no prefix (ModernBertModel); the prefix is
 found from the keys stored.
+
+A sentence-transformers folder over ModernBERT (gte-modernbert, modernbert-embed: modules.json
+-> Transformer -> Pooling -> Normalize) pools `Model.forward`'s token vectors (`ENCODER`); the
+pipeline's own Pooling module decides how, not `classifier_pooling`.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import logging
 
 from ... import codes
 from ..layouts import MODERNBERT
-from . import ConfigReader, Family, FamilyConfig, describe, is_count, require_tied
+from . import ConfigReader, EncoderSpec, Family, FamilyConfig, describe, is_count, require_tied
 
 log = logging.getLogger("linnet.nest")
 
@@ -64,6 +68,9 @@ POOLINGS = {"cls": 0, "mean": 1}
 #: transformers' `problem_type`s (null: inferred from num_labels and the labels' dtype).
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 DECODER = "decoder.weight"
+#: What a sentence-transformers pipeline pools: the encoder as the sub `model` (the layout's
+#: optional `model.` path prefix), whose `forward` takes no token types.
+ENCODER = EncoderSpec(block="Model", sub="model", inputs=(("tokens", None), ("attention_mask", "ones")))
 WORD_EMBEDDINGS = "embeddings.tok_embeddings.weight"
 
 
@@ -80,6 +87,7 @@ class ModernBertFamily(Family):
                     "SequenceRegression": "logits", "TokenClassification": "logits"}
     outputs = {"forward": "hidden", "hidden_states": "hidden_states", "mlm": "mlm_logits", "pool": "pooled",
                "embed": "embedding", "logits": "logits"}
+    encoder = ENCODER
     probe_param = "tok_embeddings"
 
     # ------------------------------------------------------------ config.json
