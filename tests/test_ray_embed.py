@@ -86,6 +86,45 @@ def test_cli_job_on_ray_equals_the_local_one(cluster, minilm_checkpoint, expecte
     assert np.abs(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)) - expected[:1500]).max() < 1e-6
 
 
+def test_cli_job_on_ray_killed_mid_run_resumes_without_losing_or_doubling_rows(cluster, minilm_checkpoint,
+                                                                               expected, tmp_path):
+    """`linnet embed --ray` as its own process, attached to this test's cluster (RAY_ADDRESS),
+    killed with SIGKILL once a few shards are on disk, then run again to the end."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": TEXTS[:1200], "id": list(range(1200))}), source)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "linnet.cli", "embed", "all-minilm-l6-v2", str(source), "-o", str(out), "--ray",
+               "--concurrency", "2", "--shard-rows", "60", "--weights", str(minilm_checkpoint), "--no-progress",
+               "--threads", "1"]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("part-*.parquet"))) < 3:
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no shards written in 300 s"
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    written = len(list(out.glob("part-*.parquet")))
+    assert written < 20, "the run finished before it was killed, so nothing was resumed"
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "kept from an earlier run" in finished.stdout
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == list(range(1200))
+    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    assert np.abs(vectors - expected[:1200]).max() < 1e-6
+    assert not list(out.glob(".*partial"))
+
+
 def test_missing_ray_says_what_to_install(monkeypatch):
     from linnet.nest.ray import ray_module
 
