@@ -13,7 +13,7 @@ lowered program, weights included, with one `GraphEmitter` each:
   `logits [B, 1, Vocab]`, `present.{i}.key/value [B, Heads, S, Dh]`;
 * `decoder_with_past_model` (one step): `input_ids [B, 1]`, `attention_mask [B, P + 1]`,
   `past_key_values.{i}.key/value [B, Heads, P, Dh]` -> `logits [B, 1, Vocab]`, `present.*`.
-  Where the source has an `extend` entry (S tokens after P cached ones; the Llama source's),
+  Where the source has an `extend` entry (S tokens after P cached ones: GPT-2's and Llama's do),
   the step graph is emitted from it instead: `input_ids [B, S]`, `attention_mask [B, P + S]`,
   `present.*` `[B, Heads, P + S, Dh]`, as optimum's own with-past graph takes them. Run with an
   empty cache (P = 0) it computes the prompt, so `generate` needs this one graph, one session
