@@ -27,7 +27,9 @@ Each Linnet method's tokens are compared with transformers' (`same_tokens`). A m
 ending `-concat-steps` runs generate on the cache path from before the cache was written in
 place (the entries' concatenations on torch, the shifted window on JAX), for a before/after
 pair in one run. `--rss` then runs each method alone in a child process (its load and one
-generate of the same prompt) and reports its peak resident memory (`peak_rss`). Ratios against
+generate of the same prompt) and reports its peak resident memory (`peak_rss`); a child
+imports torch only for a method that runs on it, and `--rss-import-torch` measures the others
+once more with torch imported (`peak_rss_torch_imported`). Ratios against
 transformers are printed and written: `decode_speedup` (tokens/s over transformers', target
 >= 1.5 on the best backend) and `prefill_ratio` (time over transformers', target <= 1.0).
 Numbers on a shared machine are rough; the lead runs the bench on a quiet one.
@@ -307,16 +309,25 @@ def _rss_kib(field: str) -> int:
     return -1
 
 
-def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
+def runs_on_torch(key: str) -> bool:
+    """Whether a method computes with torch (transformers, Linnet's torch backend): only those
+    import it in their `rss_child` (torch's libraries alone are ~190 MiB resident, which a
+    process running Linnet on JAX or ONNX Runtime never loads)."""
+    return getattr(BY_KEY[key], "backend", "torch") == "torch"
+
+
+def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | None, import_torch: bool = False) -> dict:
     """One method alone in this (child) process: load it, run one generate of the bench's
     prompt, and report its resident memory: after the load, the peak over the load and the
     generate (VmHWM), and the peak during the generate alone (VmHWM reset after the load by
     writing 5 to /proc/self/clear_refs). Not ru_maxrss: a child started by fork and exec
-    reports its parent's peak there."""
-    import torch
+    reports its parent's peak there. torch is imported only by a method that runs on it, or
+    by every one with `import_torch` (`--rss-import-torch`, how the bench measured before)."""
+    if import_torch or runs_on_torch(key):
+        import torch
 
-    if threads is not None:
-        torch.set_num_threads(threads)
+        if threads is not None:
+            torch.set_num_threads(threads)
     vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
     tokens = prompt(seq, vocab)
     method = BY_KEY[key](weights)
@@ -329,10 +340,12 @@ def rss_child(key: str, weights: Path, *, seq: int, new: int, threads: int | Non
     out = method.generate(tokens, new)
     peak = _rss_kib("VmHWM")
     return {"rss_after_load_mib": loaded / 1024, "peak_rss_mib": max(peak, load_peak) / 1024,
-            "generate_peak_rss_mib": peak / 1024 if reset else None, "tokens": out.tolist()}
+            "generate_peak_rss_mib": peak / 1024 if reset else None, "torch_imported": "torch" in sys.modules,
+            "tokens": out.tolist()}
 
 
-def peak_rss(keys: list[str], weights: Path, *, seq: int, new: int, threads: int | None) -> dict:
+def peak_rss(keys: list[str], weights: Path, *, seq: int, new: int, threads: int | None,
+             import_torch: bool = False) -> dict:
     """`rss_child` for each method in a fresh interpreter, one after another (the artifacts a
     first load exports are already cached by the timed run)."""
     import subprocess
@@ -341,6 +354,7 @@ def peak_rss(keys: list[str], weights: Path, *, seq: int, new: int, threads: int
     for key in keys:
         command = [sys.executable, "-m", "bench.decoder", "--rss-child", key, "--weights", str(weights),
                    "--seq", str(seq), "--new-tokens", str(new)] + ([] if threads is None else ["--threads", str(threads)])
+        command += ["--rss-import-torch"] if import_torch else []
         done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
         try:
             results[key] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -410,10 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss", action="store_true",
                         help="also each method's peak resident memory over its load and one generate, each in a "
                              "process of its own (`peak_rss`)")
+    parser.add_argument("--rss-import-torch", action="store_true",
+                        help="with --rss: also measure the methods that do not run on torch with torch imported "
+                             "(`peak_rss_torch_imported`; the bench imported it in every child before)")
     parser.add_argument("--rss-child", metavar="KEY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_child:  # one method's peak RSS, in the child process `peak_rss` started
-        result = rss_child(args.rss_child, args.weights, seq=args.seq, new=args.new_tokens, threads=args.threads)
+        result = rss_child(args.rss_child, args.weights, seq=args.seq, new=args.new_tokens, threads=args.threads,
+                           import_torch=args.rss_import_torch)
         print(json.dumps(result))
         return 0
     import torch
@@ -432,7 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss:
         result["peak_rss"] = peak_rss(keys, weights, seq=args.seq, new=args.new_tokens, threads=args.threads)
         result["peak_rss_note"] = ("each method alone in a fresh process: its load and one generate of the timed "
-                                   "workload; MiB (VmHWM over both, and over the generate alone)")
+                                   "workload; MiB (VmHWM over both, and over the generate alone); torch imported "
+                                   "only by the methods that run on it")
+        others = [k for k in keys if not runs_on_torch(k)]
+        if args.rss_import_torch and others:  # transformers again: the tokens are compared with its own
+            result["peak_rss_torch_imported"] = peak_rss([REFERENCE] + others, weights, seq=args.seq,
+                                                         new=args.new_tokens, threads=args.threads, import_torch=True)
     result["workload"] = {"batch": 1, "seq": args.seq, "new_tokens": args.new_tokens, "rounds": rounds,
                           "prefill_iters": iters, "weights": str(weights),
                           "model": "folder" if args.weights else args.model, "torch_threads": torch.get_num_threads(),

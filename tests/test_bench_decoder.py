@@ -57,6 +57,14 @@ def test_the_workload_is_recorded(quick_run):
     assert workload["synthetic"] is False and quick_run["reference"] == decoder.REFERENCE
 
 
+def test_only_the_methods_that_run_on_torch_import_it_for_their_peak_rss():
+    """`--rss` charges a method for what its own process loads: torch's libraries only where
+    it computes with torch (transformers, Linnet's torch backend), not on ONNX or JAX."""
+    assert decoder.runs_on_torch(decoder.REFERENCE)
+    assert decoder.runs_on_torch("linnet-torch-auto-structural") and decoder.runs_on_torch("linnet-torch")
+    assert not any(decoder.runs_on_torch(k) for k in ("linnet-onnx", "linnet-onnx-shared-weights", "linnet-jax"))
+
+
 def test_an_unknown_method_is_named(capsys):
     with pytest.raises(SystemExit):
         decoder.main(["--methods", "linnet-tpu"])

@@ -164,10 +164,11 @@ def test_onnx_decoder_graphs_have_optimum_names_and_dims(models):
 
     inputs, outputs = io(STEP_FILE)
     assert list(inputs) == ["input_ids", "attention_mask"] + past
-    assert inputs["input_ids"] == ["B", 1] and inputs["attention_mask"] == ["B", "P + 1"]
+    # Emitted from `extend`: S new tokens after P cached ones (the prompt over an empty cache).
+    assert inputs["input_ids"] == ["B", "S"] and inputs["attention_mask"] == ["B", "P + S"]
     assert inputs["past_key_values.1.value"] == ["B", HEADS, "P", DH]
     assert list(outputs) == ["logits"] + present
-    assert outputs["logits"] == ["B", 1, TINY["vocab_size"]] and outputs["present.0.key"] == ["B", HEADS, "P + 1", DH]
+    assert outputs["logits"] == ["B", 1, TINY["vocab_size"]] and outputs["present.0.key"] == ["B", HEADS, "P + S", DH]
     inputs, outputs = io(PREFILL_FILE)
     assert list(inputs) == ["input_ids", "attention_mask"] and inputs["input_ids"] == ["B", "S"]
     assert list(outputs) == ["logits"] + present and outputs["present.1.key"] == ["B", HEADS, "S", DH]

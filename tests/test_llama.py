@@ -9,7 +9,9 @@ Compared with transformers itself:
 
 * logits and hidden states on a left-padded batch within 1e-5 (f32) on torch, JAX,
   StableHLO and ONNX, transformers given the positions its generate counts;
-* the cache: `decode` after `prefill` equals a full recompute at every step;
+* the cache: `decode` after `prefill` equals a full recompute at every step, and `extend`
+  after a prefix equals `prefill` over the whole prompt;
+* ONNX's generate runs the prompt and every step on one session (the `extend` graph);
 * greedy `generate` token-identical to transformers' `generate(do_sample=False)`;
 * what the source does not compute refused by name (E1106) before anything is built.
 """
@@ -147,6 +149,32 @@ def test_decode_after_prefill_equals_a_full_recompute_at_every_step(request, whi
         token = rng.integers(3, TINY["vocab_size"], (2, 1))
         tokens, mask = np.concatenate([tokens, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
         cache = model.decode(token, cache, attention_mask=mask)
+
+
+def test_extend_after_a_prefix_equals_prefill_at_the_real_positions(tied):
+    """`extend` (S tokens after P cached ones) gives the cache `prefill` gives over the whole
+    prompt, at every real position (padding positions are never attended to, and differ)."""
+    model = load(tied, "torch")
+    tokens, mask, _ = left_padded([7, 3], seed=9)
+    whole = np.asarray(model.prefill(tokens, attention_mask=mask))
+    real = mask.astype(bool)
+    for cut in (2, 6):  # S = 5 new tokens, then S = 1 (decode's case)
+        prefix = model.prefill(tokens[:, :cut], attention_mask=mask[:, :cut])
+        extended = np.asarray(model.extend(tokens[:, cut:], prefix, attention_mask=mask))
+        assert extended.shape == whole.shape
+        assert np.abs(extended - whole).transpose(2, 4, 0, 1, 3, 5)[real].max() < BOUND, cut
+
+
+def test_onnx_generate_runs_on_the_step_session_alone(tied):
+    """The step graph, emitted from `extend`, takes the prompt over an empty cache: loading
+    opens it and generate opens no other session (one pre-packed copy of the weights)."""
+    from linnet.backends.onnx_decoder import STEP_FILE
+
+    model = nest.load(tied[0], backend="onnx")
+    assert set(model.runtime.sessions) == {STEP_FILE}
+    tokens, mask, _ = left_padded([5, 2], seed=8)
+    model.generate(tokens, 3, attention_mask=mask)
+    assert set(model.runtime.sessions) == {STEP_FILE}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

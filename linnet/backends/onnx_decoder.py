@@ -13,6 +13,11 @@ lowered program, weights included, with one `GraphEmitter` each:
   `logits [B, 1, Vocab]`, `present.{i}.key/value [B, Heads, S, Dh]`;
 * `decoder_with_past_model` (one step): `input_ids [B, 1]`, `attention_mask [B, P + 1]`,
   `past_key_values.{i}.key/value [B, Heads, P, Dh]` -> `logits [B, 1, Vocab]`, `present.*`.
+  Where the source has an `extend` entry (S tokens after P cached ones: GPT-2's and Llama's do),
+  the step graph is emitted from it instead: `input_ids [B, S]`, `attention_mask [B, P + S]`,
+  `present.*` `[B, Heads, P + S, Dh]`, as optimum's own with-past graph takes them. Run with an
+  empty cache (P = 0) it computes the prompt, so `generate` needs this one graph, one session
+  and one pre-packed copy of the weights (`takes_prompt`, `PastKeyValueSteps`).
 
 `logits` holds the scores of the last position only (what a generate loop reads; optimum's
 prefill returns every position, which costs an [S, Vocab] matmul that generate discards).
@@ -22,6 +27,8 @@ the stream's slots (which only the step's own new position is read from) zero, t
 entry runs, and each layer's key and value are sliced out of its result.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type, graph_inputs_used
 from .onnx_views import forward_views
@@ -42,6 +49,22 @@ def present_names(layers: int) -> list[str]:
 
 def _cache_type(program: ir.Program) -> ir.TensorType:
     return program.entries["decode"].inputs[1][1]  # [Stream + Layers, 2, B, Heads, P, Dh]
+
+
+#: The cache dtypes an empty past can be fed in from numpy (ORT's Python API has no bf16 array).
+EMPTY_PAST = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def takes_prompt(program: ir.Program) -> bool:
+    """Whether the step graph is emitted from `extend`, so it runs the prompt too (P = 0)."""
+    return "extend" in program.entries
+
+
+def prompt_on_step(program: ir.Program, step_session) -> bool:
+    """Whether generate runs the prompt on the step session (one session): the step graph takes
+    it and its cache inputs are of a dtype numpy can make empty ones of."""
+    return takes_prompt(program) and all(i.type in EMPTY_PAST for i in step_session.get_inputs()
+                                         if i.name.startswith("past_key_values."))
 
 
 def cache_slots(program: ir.Program) -> tuple[int, int]:
@@ -65,10 +88,14 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     stream, layers = cache_slots(program)
     float_type = elem_type(cache_t.dtype)
     em = GraphEmitter(program, tensors, params_in_place=params_in_place, defer_weights=defer_weights)
-    entry = program.entries["decode" if past else "prefill"]
+    extend = past and takes_prompt(program)
+    entry = program.entries["extend" if extend else "decode" if past else "prefill"]
     scope, doc = ("decode", "one step with a per-layer cache") if past else ("prefill", "the prompt")
-    ids_dims = ["B", 1] if past else ["B", "S"]
-    mask_dims = ["B", "P + 1"] if past else ["B", "S"]
+    if extend:
+        doc = "S more tokens after a per-layer cache (P = 0: the prompt)"
+    new = "S" if extend or not past else 1  # the new positions: the prompt's, a step's one, or extend's S
+    ids_dims = ["B", new]
+    mask_dims = ["B", "P + S" if extend else "P + 1" if past else "S"]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ids_dims),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, mask_dims)]
     for input_name in ("input_ids", "attention_mask"):
@@ -103,7 +130,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
             doc="the last position's scores, [B, 1, Vocab]", output="logits")
     vocab = program.entries["next_logits"].result.dims[1].as_int()
     outputs = [helper.make_tensor_value_info("logits", float_type, ["B", 1, vocab])]
-    present_dims = ["B", kv_dims[1], "P + 1" if past else "S", kv_dims[3]]
+    present_dims = ["B", kv_dims[1], mask_dims[1], kv_dims[3]]
     for out_name, (layer, part) in zip(present_names(layers), ((i, p) for i in range(layers) for p in (0, 1))):
         em.reserve(out_name)
         _slot(em, cache, stream, layer, part, float_type, out_name)
@@ -170,7 +197,8 @@ def write_decoder_models(program: ir.Program, tensors: dict, name: str, out_dir,
 class PastKeyValueSteps:
     """generate's two calls on the optimum-style graphs, through IOBinding: each step's
     `present.*` OrtValues are bound as the next step's `past_key_values.*` as they are, so
-    the cache never leaves ONNX Runtime's memory between steps."""
+    the cache never leaves ONNX Runtime's memory between steps. `prefill_session` None: the
+    step graph takes the prompt (`takes_prompt`), run over an empty cache (P = 0)."""
 
     def __init__(self, prefill_session, step_session, layers: int, device: str = "cpu"):
         self.prefill, self.one_step = prefill_session, step_session
@@ -180,20 +208,28 @@ class PastKeyValueSteps:
 
     def start(self, tokens, mask):
         """The prompt's cache, kept; returns the next token's scores [B, Vocab] (numpy)."""
+        if self.prefill is None:
+            return self._run(self.one_step, tokens, mask, list(zip(self.past, self._empty(len(tokens)))))
         return self._run(self.prefill, tokens, mask, [])
+
+    def _empty(self, batch: int) -> list:
+        """Zero-length past keys and values [B, Heads, 0, Dh], one per cache input."""
+        inputs = {i.name: i for i in self.one_step.get_inputs()}
+        return [np.zeros((batch, inputs[n].shape[1], 0, inputs[n].shape[3]), EMPTY_PAST[inputs[n].type]) for n in self.past]
 
     def step(self, token, mask):
         """One more token [B, 1] with the mask over every position so far."""
         return self._run(self.one_step, token, mask, list(zip(self.past, self._cache)))
 
     def _run(self, session, tokens, mask, past: list):
-        import numpy as np
-
         binding = session.io_binding()
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
         for name, value in past:
-            binding.bind_ortvalue_input(name, value)
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")  # read on the host each step; the cache stays on the device
         for name in self.present:
             binding.bind_output(name, self.device)

@@ -187,8 +187,9 @@ class OnnxRuntime:
     every call.  The runtime therefore opens `model.<entry>.onnx`, the graph cut down to
     what the entry's output needs (`_write_entry_models`); those files share one weights
     file.  The root entry's session opens at load, so a broken export fails there; for a
-    decoder it is the prefill graph's instead (what `generate` runs: opening `forward` too would
-    hold a third copy of the weights that generate never reads).
+    decoder it is the first graph `generate` runs instead (opening `forward` too would hold
+    another copy of the weights that generate never reads): the step graph where it takes the
+    prompt (the Llama source's `extend`; then generate opens no other), else the prefill graph.
 
     `share_weights=True` gives every session one memory-mapped copy of each weight
     (`onnx_weights.SharedWeights`), with ORT's per-session pre-packing off.
@@ -231,7 +232,7 @@ class OnnxRuntime:
         #: Each entry's graph outputs: one name, or one per result of an entry with several.
         self.outputs = {entry: ir.output_names(e, ctx.output_name(entry)) for entry, e in ctx.program.entries.items()}
         self.generated = folder / layout(ctx.program, root)[0].file
-        self.providers = self.session(_first_session(folder, root)).get_providers()
+        self.providers = self.session(_first_session(folder, root, ctx.program)).get_providers()
 
     def session(self, entry: str):
         """The entry's session (or a file's, named with its `.onnx`), opened once (threads
@@ -270,7 +271,7 @@ class OnnxRuntime:
         with self._lock:
             self.int8_plan = chosen
             self.sessions.clear()
-        self.session(_first_session(self.folder, self.root))
+        self.session(_first_session(self.folder, self.root, self.program))
         return chosen.info()
 
     def _options_for(self, file: str):
@@ -287,15 +288,16 @@ class OnnxRuntime:
     def decoder_steps(self):
         """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
         None where the export has none (not a decoder; bf16 on the CPU provider)."""
-        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_slots
+        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_slots, prompt_on_step
 
         if not (self.folder / STEP_FILE).exists():
             return None
-        for file in (PREFILL_FILE, STEP_FILE):
-            self.session(file)
+        step = self.session(STEP_FILE)
+        # A step graph that takes the prompt runs it too: no prefill session, no second copy of the weights.
+        prefill = None if prompt_on_step(self.program, step) else self.session(PREFILL_FILE)
         layers = cache_slots(self.program)[1]
         device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
-        return PastKeyValueSteps(self.sessions[PREFILL_FILE], self.sessions[STEP_FILE], layers, device)
+        return PastKeyValueSteps(prefill, step, layers, device)
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
         session = self.session(entry)
@@ -315,12 +317,16 @@ class OnnxRuntime:
         return tuple(values) if isinstance(spec.result, ir.TupleType) else values[0]
 
 
-def _first_session(folder: Path, root: str) -> str:
-    """The session opened at load: the decoder's prefill graph where the export has one (so a
-    loaded GPT-2 that only generates holds no `forward` session), else the root entry's."""
-    from .onnx_decoder import PREFILL_FILE, STEP_FILE
+def _first_session(folder: Path, root: str, program) -> str:
+    """The session opened at load: where the export has decoder graphs, the first one generate
+    runs (the step graph where it takes the prompt, `onnx_decoder.takes_prompt`, else the
+    prefill graph), so a loaded decoder that only generates holds no `forward` session; else
+    the root entry's."""
+    from .onnx_decoder import PREFILL_FILE, STEP_FILE, takes_prompt
 
-    return PREFILL_FILE if (folder / STEP_FILE).exists() else root
+    if not (folder / STEP_FILE).exists():
+        return root
+    return STEP_FILE if takes_prompt(program) else PREFILL_FILE
 
 
 def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, params_in_place: bool = False) -> None:

@@ -58,7 +58,7 @@ class Gpt2Family(Family):
     architectures = {"GPT2LMHeadModel": "Model", "GPT2Model": "Model"}
     root_entries = {"Model": "forward"}
     outputs = {"forward": "logits", "hidden_states": "hidden_states", "prefill": "cache", "decode": "present",
-               "next_logits": "next_logits"}
+               "extend": "extended", "next_logits": "next_logits"}
     probe_param = "wte"
 
     # ------------------------------------------------------------ config.json

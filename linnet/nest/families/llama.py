@@ -52,7 +52,7 @@ class LlamaFamily(Family):
     architectures = {"LlamaForCausalLM": "Model"}
     root_entries = {"Model": "forward", "UntiedModel": "forward"}
     outputs = {"forward": "logits", "hidden_states": "hidden_states", "embed": "embedding", "prefill": "cache",
-               "decode": "present", "next_logits": "next_logits"}
+               "decode": "present", "extend": "extended", "next_logits": "next_logits"}
     probe_param = "model.embed_tokens"
 
     def read_config(self, reader: ConfigReader, architecture: str, root: str) -> FamilyConfig:
