@@ -65,6 +65,24 @@ def test_the_choice_is_cached_per_machine_and_reused(minilm_checkpoint, fresh_ch
     assert again == first
 
 
+def test_a_probe_that_runs_out_of_time_is_recorded_so_later_loads_do_not_wait_again(
+        minilm_checkpoint, fresh_choice, monkeypatch):
+    import subprocess
+
+    calls = []
+
+    def too_slow(*args, **kwargs):
+        calls.append(args)
+        raise subprocess.TimeoutExpired("probe", onnx_options.CHILD_TIMEOUT_S)
+
+    monkeypatch.setattr(onnx_options, "measure_in_child", too_slow)
+    first = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu").runtime.session_choice
+    again = nest.load("all-minilm-l6-v2", backend="onnx", device="cpu").runtime.session_choice
+    assert len(calls) == 1, "the second load measured (and waited) again"
+    assert first.settings == again.settings == {} and onnx_options.TIMED_OUT in again.measured
+    assert fresh_choice.exists()
+
+
 def test_the_probe_sessions_are_opened_in_a_child_process(minilm_checkpoint, fresh_choice, monkeypatch):
     """The loading process opens only the session it keeps: the probe's two at a time, each
     with its own pre-packed weights, are a child's (its memory returned when it exits)."""

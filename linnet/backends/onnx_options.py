@@ -48,6 +48,8 @@ PROBE_SIZES = (128, 32, 8)
 BLOCK = 4
 #: Seconds the probe's child process may take (bert-base measures in ~15 s on 2 busy cores).
 CHILD_TIMEOUT_S = 300
+#: What a recorded choice's `measured` holds when the probe ran out of time (`choose`).
+TIMED_OUT = "probe timed out"
 
 LEVELS = ("basic", "extended", "all")
 
@@ -108,8 +110,17 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
     cached = _CACHE.read(cache_dir).get(model_key)
     if cached is not None:
         return cached
+    import subprocess
+
     try:
         choice = measure_in_child(model_file, providers, threads)
+    except subprocess.TimeoutExpired:
+        # A machine too busy to finish the probe in CHILD_TIMEOUT_S: the default session is
+        # recorded as the choice, or every later load of this model would wait that long again.
+        log.warning("measuring ONNX Runtime session options for %s took over %d s; using and recording "
+                    "the defaults (remove %s to measure again)", model_file, CHILD_TIMEOUT_S,
+                    _CACHE.path(cache_dir) if cache_dir is not None else "the record")
+        choice = SessionChoice({}, measured={TIMED_OUT: 0.0})
     except Exception:  # noqa: BLE001 - measuring is an optimisation; the default session stands
         log.warning("could not measure ONNX Runtime session options for %s; using the defaults",
                     model_file, exc_info=True)
