@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -138,16 +137,6 @@ def repositories(model: str, root: Path) -> dict[str, tuple[Path, str]]:
             "linnet-padded-own-length": (root / "padded", model), "reference": (root / "reference", called)}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def stable_figures(measure, tools, url: str, model: str, rows: list[dict], concurrency: int, ms: int) -> dict:
     """perf_analyzer's figures; on a busy machine its windows may never agree, so a failed
     run is tried once more with windows twice as long and more of them, then recorded as
@@ -208,6 +197,7 @@ def bench_model(model: str, seqs: list[np.ndarray], levels: list[int], rounds: i
 
 
 def main(argv=None) -> int:
+    from linnet.backends.measured import cpu_model
     from linnet.testing.triton_ort import build_onnxruntime_backend
     from linnet.testing.triton_server import provision
 
@@ -231,7 +221,7 @@ def main(argv=None) -> int:
         load_start = os.getloadavg()
         result = bench_model(model, seqs, levels, args.rounds, args.ms, tools)
         result.update({
-            "date": started, "cpu": cpu_name(), "cpus": os.cpu_count(), "load_avg_at_start": load_start,
+            "date": started, "cpu": cpu_model(), "cpus": os.cpu_count(), "load_avg_at_start": load_start,
             "load_avg_at_end": os.getloadavg(), "rounds": args.rounds, "measurement_ms": args.ms,
             "texts": {"count": len(seqs), "source": "bench.corpus stdlib docstring paragraphs",
                       "max_tokens": args.max_tokens, "min": min(lengths), "mean": round(float(np.mean(lengths)), 1),

@@ -9,16 +9,14 @@ lose and double no row.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from bench.corpus import corpus
+from fixtures.killed_jobs import kill_after_shards
 from linnet import nest
 from linnet.cli import main as cli_main
 from linnet.diagnostics import LinnetError
@@ -127,15 +125,7 @@ def test_killed_run_resumes_without_losing_or_doubling_rows(tmp_path, minilm_che
     out = tmp_path / "out"
     command = [sys.executable, "-m", "linnet.cli", "embed", "all-minilm-l6-v2", str(source), "-o", str(out),
                "--shard-rows", "60", "--weights", str(minilm_checkpoint), "--no-progress", "--threads", "1"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("part-*.parquet"))) < 3:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline, "no shards written in 300 s"
-        time.sleep(0.02)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    written = len(list(out.glob("part-*.parquet")))
+    written = kill_after_shards(command, out)
     assert written < 20, "the run finished before it was killed, so nothing was resumed"
     assert json.loads((out / JOB_FILE).read_text())["complete"] is False
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -13,6 +13,7 @@ import pytest
 
 import ray  # the [ray] extra; the test extra installs it
 from bench.corpus import corpus
+from fixtures.killed_jobs import kill_after_shards
 from linnet import nest
 from linnet.diagnostics import LinnetError
 from linnet.nest.bulk import embed_file
@@ -91,9 +92,7 @@ def test_cli_job_on_ray_killed_mid_run_resumes_without_losing_or_doubling_rows(c
     """`linnet embed --ray` as its own process, attached to this test's cluster (RAY_ADDRESS),
     killed with SIGKILL once a few shards are on disk, then run again to the end."""
     import os
-    import signal
     import subprocess
-    import time
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -105,15 +104,7 @@ def test_cli_job_on_ray_killed_mid_run_resumes_without_losing_or_doubling_rows(c
                "--concurrency", "2", "--shard-rows", "60", "--weights", str(minilm_checkpoint), "--no-progress",
                "--threads", "1"]
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("part-*.parquet"))) < 3:
-        assert child.poll() is None, child.stderr.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "no shards written in 300 s"
-        time.sleep(0.02)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    written = len(list(out.glob("part-*.parquet")))
+    written = kill_after_shards(command, out, env=env)
     assert written < 20, "the run finished before it was killed, so nothing was resumed"
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert finished.returncode == 0, finished.stderr[-3000:]
