@@ -51,7 +51,7 @@ from functools import reduce
 from . import ir
 from .. import ops
 from ..dims import DimExpr, const, sym
-from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT
+from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION
 
 ZERO, ONE, TRUE, NEG = "zero", "one", "true", "neg"
 #: An additive mask at or below this removes a key exactly: exp(-10000) is 0 in f32 and f16.
@@ -271,8 +271,9 @@ class _Body:
         callee = self.p.program.functions[e.function]
         args = [self._expr(a, env) for a in e.args]
         # Attention with dropout on its probabilities mixes tokens the same way: dropout is
-        # per element, and padded keys are removed before it.
-        if callee.source in (ATTENTION, ATTENTION_DROPOUT):
+        # per element, and padded keys are removed before it.  So does windowed attention: its
+        # window only adds a term <= 0 to the padding mask it is given.
+        if callee.source in (ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION):
             return self._attention(e, args)
         new_args, forms = [], []
         for a, (new, form) in zip(e.args, args):
