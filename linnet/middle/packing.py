@@ -390,6 +390,13 @@ class _Body:
                 return x.axes, _adjacent(x)
             # Along a token axis: a scan keeps the axes where they were, a reduction drops one.
             return self._mixing(e, forms, x.axes if record.kind == ops.SCAN else None)
+        if op == "concat":
+            # Along another axis than B and S, with both parts holding them where the result
+            # does (RoPE's angles twice over): each position's parts side by side.
+            axis = e.attr("axis") % t.rank
+            if x.axes and axis not in x.axes and all(f.axes == x.axes for f in forms):
+                return x.axes, _adjacent(x)
+            return self._mixing(e, forms, None)
         if op == "take":
             if forms[0].axes is None and forms[1].axes is not None:
                 return forms[1].axes, _adjacent(forms[1])
@@ -497,7 +504,7 @@ class _Body:
             perm = attrs["perm"]
             sb = perm[a]
             attrs["perm"] = tuple(q - 1 if q > sb else q for i, q in enumerate(perm) if i != a + 1)
-        elif ops.OPS[e.op].along_axis and attrs["axis"] >= 0 and attrs["axis"] > a:
+        elif (ops.OPS[e.op].along_axis or e.op == "concat") and attrs["axis"] >= 0 and attrs["axis"] > a:
             attrs["axis"] -= 1
         elif e.op == "index":
             items, sb = attrs["items"], self._index_source_axis(e, a)
