@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable
 
 from .. import dtypes, kernels
-from ..dims import const
 from ..middle import ir
 from ..ops import Emissions
 from ..paths import source_label
@@ -52,14 +51,14 @@ def _fused_windowed_attention(fn: ir.Function, args: list[str]) -> str | None:
     # Only the specialisation whose queries are the keys' positions, row for row: a clone with
     # fewer query rows (linnet.middle.rows) or packed inputs keeps the Linnet body.
     types = [t for _, t in fn.params]
-    if len(types) != 6 or types[0].dims[2] != types[1].dims[2] or types[4].dims[2] != const(1):
+    if len(types) != 6 or types[0].dims[2] != types[1].dims[2]:
         return None
     return f"{WINDOWED}({', '.join(args)})"
 
 
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does, with PyTorch's fused kernel.
-FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
+FUSED: dict[str, Callable[[ir.Function, list[str]], str | None]] = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
     kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
@@ -170,7 +169,7 @@ WINDOWED, WINDOW_CHUNK = "_linnet_windowed_attention", 64
 WINDOWED_SOURCE = f"""\
 def {WINDOWED}(q, k, v, scale, mask, window):
     # std.nn.attention::windowed_attention: softmax(q k^T * scale + band + mask) v, the band
-    # -65504.0 (std's OUTSIDE) at keys more than `window` positions from the query.  A window of
+    # {kernels.WINDOW_OUTSIDE} (std's OUTSIDE) at keys more than `window` positions from the query.  A window of
     # S - 1 or more has no band: SDPA over the padding mask alone.  Otherwise {WINDOW_CHUNK} queries at a
     # time, each chunk reading only the keys within `window` of one of its queries: the keys
     # left out are ones the body gives weight exactly 0, so each row is the same softmax over
@@ -185,7 +184,7 @@ def {WINDOWED}(q, k, v, scale, mask, window):
         stop = min(start + {WINDOW_CHUNK}, S)
         low, high = (max(0, start - w), min(S, stop + w)) if w >= 0 else (0, S)
         distance = (index[start:stop, None] - index[None, low:high]).abs()
-        band = torch.where(distance > w, -65504.0, 0.0).to(q.dtype) + mask[..., low:high]
+        band = torch.where(distance > w, {kernels.WINDOW_OUTSIDE}, 0.0).to(q.dtype) + mask[..., low:high]
         parts.append(F.scaled_dot_product_attention(q[..., start:stop, :], k[..., low:high, :],
                                                     v[..., low:high, :], attn_mask=band, scale=scale))
     return torch.cat(parts, dim=-2)
