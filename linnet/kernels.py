@@ -12,6 +12,12 @@ LAYER_NORM = "std.nn.norm::layer_norm"
 ATTENTION = "std.nn.attention::attention"
 #: `attention` with dropout on its probabilities (training); the same kernel with a rate.
 ATTENTION_DROPOUT = "std.nn.attention::attention_with_dropout"
+#: `attention` under a bidirectional sliding window of a run-time width over a key-padding mask;
+#: torch computes only the band of scores a query can see.
+WINDOWED_ATTENTION = "std.nn.attention::windowed_attention"
+#: std.nn.attention's `OUTSIDE`, the score a key outside the window gets, for the kernels that
+#: build the band themselves (tests/test_ops.py checks it against the std source).
+WINDOW_OUTSIDE = -65504.0
 #: The probabilities `attention` weights the values by (`output_attentions`); no backend fuses
 #: it, but `linnet.middle.optimize` folds a scale into its queries as into `attention`'s.
 ATTENTION_PROBABILITIES = "std.nn.attention::attention_probabilities"
@@ -27,5 +33,5 @@ RELU = "std.nn.activations::relu"
 SILU = "std.nn.activations::silu"
 
 #: Every key above.
-ALL = (LAYER_NORM, ATTENTION, ATTENTION_DROPOUT, ATTENTION_PROBABILITIES, LINEAR, EMBEDDING, GELU_ERF, GELU_TANH,
-       RELU, SILU)
+ALL = (LAYER_NORM, ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION, ATTENTION_PROBABILITIES, LINEAR, EMBEDDING,
+       GELU_ERF, GELU_TANH, RELU, SILU)

@@ -228,6 +228,15 @@ def test_every_kernel_key_names_a_std_function():
     assert set(kernels.ALL) <= std, sorted(set(kernels.ALL) - std)
 
 
+def test_the_window_outside_score_is_std_attentions_outside():
+    import re
+
+    from linnet.paths import std_dir
+
+    source = (std_dir() / "nn" / "attention.linnet").read_text(encoding="utf-8")
+    assert float(re.search(r"pub const OUTSIDE: f32 = (\S+)", source).group(1)) == kernels.WINDOW_OUTSIDE
+
+
 @pytest.mark.parametrize("module", [pytorch, jax_backend, onnx_backend])
 def test_fused_forms_are_keyed_by_kernel_keys(module):
     assert set(module.FUSED) <= set(kernels.ALL)

@@ -247,6 +247,19 @@ pub block Model<V: Dim, D: Dim, T: Float = f32> {
         return down.forward(h + attention(h, h, h, 0.5, some(masked(attention_mask))))
     }
 
+    // Each position's halves put side by side again (a concat along D, as RoPE's angles): packed.
+    pub entry paired<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        let h = up.forward(take(table, ids))
+        let swapped = concat(h[:, :, D / 2:], h[:, :, :D / 2], 2)
+        return down.forward(swapped + attention(h, h, h, 0.5, some(masked(attention_mask))))
+    }
+
+    // A concat along S moves positions (the second copy starts at S): not packed.
+    pub entry doubled<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S + S, D; T] {
+        let h = up.forward(take(table, ids))
+        return down.forward(concat(h, h, 1))
+    }
+
     // A running sum over the tokens reads padded positions: not packed.
     pub entry running<B: Dim, S: Dim>(ids: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
         return down.forward(cumsum(up.forward(take(table, ids)), 1))
@@ -282,9 +295,11 @@ def test_the_pass_packs_across_attention_and_refuses_other_token_mixing(small):
     out = optimize(small, passes=("pack_tokens",))
     applied, notes = "\n".join(out.applied), "\n".join(out.notes)
     assert "mixed: per-token work runs on the kept tokens (attention_mask != 0)" in applied
+    assert "paired: per-token work runs on the kept tokens (attention_mask != 0)" in applied
     assert "undeclared: not packed: no [B, S] integer input named `attention_mask`" in notes
-    for entry in ("running", "averaged", "unmasked", "undeclared"):
+    for entry in ("running", "averaged", "unmasked", "undeclared", "doubled"):
         assert entry + ":" not in applied
+    assert "doubled: not packed" in notes and "`concat` mixes token positions" in notes
     assert "running: not packed" in notes and "`cumsum` mixes token positions" in notes
     assert "averaged: not packed" in notes and "`mean` mixes token positions" in notes
     assert "unmasked: not packed" in notes and "its mask is not proven" in notes
@@ -307,12 +322,13 @@ def test_the_small_program_computes_the_same_at_real_tokens(small, side):
     mask = np.zeros_like(ids)
     for row, n in enumerate([1, 7, 3, 5]):
         mask[row, slice(0, n) if side == "right" else slice(7 - n, 7)] = 1
-    with torch.inference_mode():
-        a = packed.mixed(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-        b = plain.mixed(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     real = mask.astype(bool)
-    assert np.abs(a - b)[real].max() <= TOL
-    assert np.all(a[~real] == 0.0)
+    for entry in ("mixed", "paired"):
+        with torch.inference_mode():
+            a = getattr(packed, entry)(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            b = getattr(plain, entry)(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        assert np.abs(a - b)[real].max() <= TOL, entry
+        assert np.all(a[~real] == 0.0), entry
 
 
 def test_linnet_build_shows_what_was_packed(tmp_path, capsys):

@@ -20,7 +20,7 @@ DH = 2 * HALF
 SOURCE = """\
 module parity
 
-use std.nn.attention::{attention, grouped_attention, merge_heads, split_heads}
+use std.nn.attention::{attention, grouped_attention, merge_heads, split_heads, windowed_attention}
 use std.nn.masks::{causal_mask, padding_mask, positions, sliding_window_mask}
 use std.nn.mlp::{GatedMlp}
 use std.nn.norm::{LayerNorm, RMSNorm}
@@ -79,6 +79,14 @@ where Heads > 0, D % Heads == 0 {
         let h = split_heads<B, S, Heads, D / Heads, T>(x)
         let mask = sliding_window_mask<B, S, Window, T>(attention_mask)
         return merge_heads(attention(h, h * 0.5, h + 1.0, rsqrt(cast<f32>(D / Heads)), some(mask)))
+    }
+
+    // A bidirectional window of `Window` keys either side, given as a value, over key padding.
+    pub entry bidirectional<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
+        let h = split_heads<B, S, Heads, D / Heads, T>(x)
+        let mask = padding_mask<B, S, T>(attention_mask)
+        return merge_heads(windowed_attention(h, h * 0.5, h + 1.0, rsqrt(cast<f32>(D / Heads)), mask,
+                                              cast<i32>(Window)))
     }
 
     pub entry padded<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
@@ -231,6 +239,11 @@ def _window_mask():
     return (k <= q) & (k > q - WINDOW)  # True = attend
 
 
+def _bidirectional_mask(length: int = S):
+    q, k = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (k - q).abs() <= WINDOW  # True = attend
+
+
 x_t = torch.from_numpy(X)
 ROWS = {
     # entry: (inputs, torch reference)
@@ -244,6 +257,7 @@ ROWS = {
                            lambda: _interleaved_reference(torch.from_numpy(XH), COS_I, SIN_I)),
     "causal": ((X, RIGHT), lambda: _sdpa(x_t, attn_mask=torch.tril(torch.ones(S, S, dtype=torch.bool)) & _keys(RIGHT))),
     "windowed": ((X, RIGHT), lambda: _sdpa(x_t, attn_mask=_window_mask() & _keys(RIGHT))),
+    "bidirectional": ((X, MASK), lambda: _sdpa(x_t, attn_mask=_bidirectional_mask() & _keys(MASK))),
     "padded": ((X, MASK), lambda: _sdpa(x_t, attn_mask=torch.from_numpy(MASK != 0)[:, None, None, :])),
 }
 
@@ -253,7 +267,7 @@ ROWS["pool_cls"] = ((X, MASK), lambda: torch.from_numpy(X[:, 0, :].copy()))
 ROWS["pool_mean"] = ((X, MASK), lambda: torch.from_numpy(
     (X * MASK[..., None]).sum(1) / MASK.sum(1, keepdims=True).astype(np.float32)))
 
-MASKED_ROWS = {"causal": RIGHT, "windowed": RIGHT, "padded": MASK, "grouped": RIGHT}
+MASKED_ROWS = {"causal": RIGHT, "windowed": RIGHT, "bidirectional": MASK, "padded": MASK, "grouped": RIGHT}
 QG = RNG.standard_normal((B, 2 * HEADS, S, HALF)).astype(np.float32)
 KG, VG = (RNG.standard_normal((B, HEADS, S, HALF)).astype(np.float32) for _ in range(2))
 ROWS["grouped"] = ((QG, KG, VG, RIGHT), lambda: F.scaled_dot_product_attention(
@@ -283,6 +297,35 @@ def test_std_block_matches_torch(entry, backend, row):
     diff = float(np.abs(got - expected).max())
     print(f"\nPARITY {row} {backend} max|diff| {diff:.3g}")
     assert diff <= 1e-5
+
+
+def test_windowed_attention_in_chunks_equals_its_body_at_every_row(entry):
+    """torch computes `windowed_attention` a chunk of queries at a time over the band of keys each
+    chunk can see; ONNX Runtime and JAX run the Linnet body (an [S, S] window term).  At S = 150
+    (three chunks of up to 64 queries) with a run of padding longer than the window, every row
+    agrees, padded queries whose window holds no real key included, and real rows equal SDPA.
+    Packed (the default on ONNX and JAX), the real rows agree and the padded ones read 0."""
+    from linnet import nest
+
+    folder, weights = entry
+    length = 150
+    x = RNG.standard_normal((B, length, D)).astype(np.float32)
+    mask = np.ones((B, length), np.int32)
+    mask[0, 90:] = 0  # 60 padding keys at the end: rows 93.. see no real key within 2
+    mask[1, :7] = 0  # left padding
+    # Not packed: a packed program reads 0 at padded positions, and those rows are compared here.
+    got = {backend: np.asarray(nest.load(folder, backend=backend, weights=weights, packing=False)
+                               .bidirectional(x, mask)) for backend in ("torch", "onnx", "jax")}
+    for backend in ("onnx", "jax"):
+        assert float(np.abs(got["torch"] - got[backend]).max()) <= 1e-5, backend
+    h = torch.from_numpy(x).reshape(B, length, HEADS, D // HEADS).permute(0, 2, 1, 3)
+    keep = _bidirectional_mask(length) & _keys(mask)
+    expected = F.scaled_dot_product_attention(h, h * 0.5, h + 1.0, attn_mask=keep)
+    expected = expected.permute(0, 2, 1, 3).reshape(B, length, D).numpy()
+    real = mask != 0
+    assert float(np.abs(got["torch"][real] - expected[real]).max()) <= 1e-5
+    packed = np.asarray(nest.load(folder, backend="onnx", weights=weights).bidirectional(x, mask))
+    assert float(np.abs(packed[real] - expected[real]).max()) <= 1e-5 and not packed[~real].any()
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

@@ -340,7 +340,8 @@ class PyWriter:
     #: The first parameter of a method: `self` for a module, the params tree for JAX.
     receiver = "self"
     #: std function (checked key) -> a template over the emitted parameter names, for the
-    #: functions written as one fused call that computes exactly what their body does.
+    #: functions written as one fused call that computes exactly what their body does; a
+    #: template may return None for a specialisation it does not cover, which keeps its body.
     FUSED: dict = {}
     #: How the generated comment introduces such a call's std function.
     fused_note = "fused form of"
@@ -380,8 +381,10 @@ class PyWriter:
             args = [py_name(name) if t is not None else "None" for name, t in fn.params]
             if fn.id in self.dropping:
                 args.append(self.mode_arg(Scope(fn)))
-            lines.append(f"    return {template(fn, args)}  # {self.fused_note} {comment_text(fn.source)}")
-            return "\n".join(lines)
+            call = template(fn, args)  # None: not this specialisation (a clone of other shapes), the body then
+            if call is not None:
+                lines.append(f"    return {call}  # {self.fused_note} {comment_text(fn.source)}")
+                return "\n".join(lines)
         body = self._fill_defaults(fn, computed, fills) + self._stmts(fn.body, Scope(fn), 1)
         used = "\n".join(body)
         for dim, (param, axis) in sorted(fn.dim_sources.items()):

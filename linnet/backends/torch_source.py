@@ -47,12 +47,22 @@ def _fused_attention_dropout(fn: ir.Function, args: list[str]) -> str:
             f"scale={scale})")
 
 
+def _fused_windowed_attention(fn: ir.Function, args: list[str]) -> str | None:
+    # Only the specialisation whose queries are the keys' positions, row for row: a clone with
+    # fewer query rows (linnet.middle.rows) or packed inputs keeps the Linnet body.
+    types = [t for _, t in fn.params]
+    if len(types) != 6 or types[0].dims[2] != types[1].dims[2]:
+        return None
+    return f"{WINDOWED}({', '.join(args)})"
+
+
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does, with PyTorch's fused kernel.
-FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
+FUSED: dict[str, Callable[[ir.Function, list[str]], str | None]] = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
     kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
+    kernels.WINDOWED_ATTENTION: _fused_windowed_attention,
     kernels.GELU_ERF: lambda fn, a: f"F.gelu({a[0]})",
     kernels.GELU_TANH: lambda fn, a: f'F.gelu({a[0]}, approximate="tanh")',
     kernels.RELU: lambda fn, a: f"F.relu({a[0]})",
@@ -151,6 +161,33 @@ CAT_ONTO_SOURCE = f"""\
 def {CAT_ONTO}(a, b, dim):
     buffer = {BUFFERS}.get(a.untyped_storage().data_ptr()) if {BUFFERS} else None
     return torch.cat([a, b], dim=dim) if buffer is None else buffer.append(a, b, dim)
+"""
+
+
+#: The generated module's helper for `std.nn.attention::windowed_attention`, and its queries per chunk.
+WINDOWED, WINDOW_CHUNK = "_linnet_windowed_attention", 64
+WINDOWED_SOURCE = f"""\
+def {WINDOWED}(q, k, v, scale, mask, window):
+    # std.nn.attention::windowed_attention: softmax(q k^T * scale + band + mask) v, the band
+    # {kernels.WINDOW_OUTSIDE} (std's OUTSIDE) at keys more than `window` positions from the query.  A window of
+    # S - 1 or more has no band: SDPA over the padding mask alone.  Otherwise {WINDOW_CHUNK} queries at a
+    # time, each chunk reading only the keys within `window` of one of its queries: the keys
+    # left out are ones the body gives weight exactly 0, so each row is the same softmax over
+    # the keys that count, and no [S, S] scores or mask exist.
+    S = q.shape[-2]
+    w = int(window)
+    if w >= S - 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    index = torch.arange(S, device=q.device)
+    parts = []
+    for start in range(0, S, {WINDOW_CHUNK}):
+        stop = min(start + {WINDOW_CHUNK}, S)
+        low, high = (max(0, start - w), min(S, stop + w)) if w >= 0 else (0, S)
+        distance = (index[start:stop, None] - index[None, low:high]).abs()
+        band = torch.where(distance > w, {kernels.WINDOW_OUTSIDE}, 0.0).to(q.dtype) + mask[..., low:high]
+        parts.append(F.scaled_dot_product_attention(q[..., start:stop, :], k[..., low:high, :],
+                                                    v[..., low:high, :], attn_mask=band, scale=scale))
+    return torch.cat(parts, dim=-2)
 """
 
 
@@ -260,6 +297,9 @@ class TorchEmitter(PyWriter):
         if any(f"{CAT_ONTO}(" in self.namer.text(h) for hs in methods.values() for h in hs) or any(
                 f"{CAT_ONTO}(" in t for t in texts):
             lines += ["", CAT_ONTO_SOURCE]
+        if any(f"{WINDOWED}(" in t for t in texts) or any(
+                f"{WINDOWED}(" in self.namer.text(h) for hs in methods.values() for h in hs):
+            lines += ["", WINDOWED_SOURCE]
         for text in texts:
             lines += ["", text, ""]
         for block_id in self._class_order():

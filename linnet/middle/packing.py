@@ -51,7 +51,7 @@ from functools import reduce
 from . import ir
 from .. import ops
 from ..dims import DimExpr, const, sym
-from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT
+from ..kernels import ALL as FUSED_KERNELS, ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION
 
 ZERO, ONE, TRUE, NEG = "zero", "one", "true", "neg"
 #: An additive mask at or below this removes a key exactly: exp(-10000) is 0 in f32 and f16.
@@ -271,8 +271,9 @@ class _Body:
         callee = self.p.program.functions[e.function]
         args = [self._expr(a, env) for a in e.args]
         # Attention with dropout on its probabilities mixes tokens the same way: dropout is
-        # per element, and padded keys are removed before it.
-        if callee.source in (ATTENTION, ATTENTION_DROPOUT):
+        # per element, and padded keys are removed before it.  So does windowed attention: its
+        # window only adds a term <= 0 to the padding mask it is given.
+        if callee.source in (ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION):
             return self._attention(e, args)
         new_args, forms = [], []
         for a, (new, form) in zip(e.args, args):
@@ -389,6 +390,13 @@ class _Body:
                 return x.axes, _adjacent(x)
             # Along a token axis: a scan keeps the axes where they were, a reduction drops one.
             return self._mixing(e, forms, x.axes if record.kind == ops.SCAN else None)
+        if op == "concat":
+            # Along another axis than B and S, with both parts holding them where the result
+            # does (RoPE's angles twice over): each position's parts side by side.
+            axis = e.attr("axis") % t.rank
+            if x.axes and axis not in x.axes and all(f.axes == x.axes for f in forms):
+                return x.axes, _adjacent(x)
+            return self._mixing(e, forms, None)
         if op == "take":
             if forms[0].axes is None and forms[1].axes is not None:
                 return forms[1].axes, _adjacent(forms[1])
@@ -496,7 +504,7 @@ class _Body:
             perm = attrs["perm"]
             sb = perm[a]
             attrs["perm"] = tuple(q - 1 if q > sb else q for i, q in enumerate(perm) if i != a + 1)
-        elif ops.OPS[e.op].along_axis and attrs["axis"] >= 0 and attrs["axis"] > a:
+        elif (ops.OPS[e.op].along_axis or e.op == "concat") and attrs["axis"] >= 0 and attrs["axis"] > a:
             attrs["axis"] -= 1
         elif e.op == "index":
             items, sb = attrs["items"], self._index_source_axis(e, a)
