@@ -375,7 +375,15 @@ def sym(name: str) -> DimExpr:
     """The generic dimension called `name`."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a dimension symbol needs a non-empty name, not {name!r}")
-    return _atom_expr(Sym(name))
+    made = _SYMBOLS.get(name)
+    if made is None:  # one value per name, so its hash and sort key are worked out once
+        if len(_SYMBOLS) >= 10_000:
+            _SYMBOLS.clear()
+        made = _SYMBOLS[name] = _atom_expr(Sym(name))
+    return made
+
+
+_SYMBOLS: dict[str, DimExpr] = {}
 
 
 def _operand(value: object) -> DimExpr | None:
