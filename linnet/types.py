@@ -241,6 +241,7 @@ def dims_only(env: Mapping[str, Binding]) -> dict[str, DimExpr]:
 
 def substitute_dims(dims: tuple[Dim, ...], env: Mapping[str, Binding]) -> tuple[Dim, ...]:
     out: list[Dim] = []
+    dim_env = None
     for d in dims:
         if isinstance(d, Variadic):
             bound = env.get(d.name)
@@ -249,7 +250,9 @@ def substitute_dims(dims: tuple[Dim, ...], env: Mapping[str, Binding]) -> tuple[
             else:
                 out.append(d)
         else:
-            out.append(d.substitute(dims_only(env)))
+            if dim_env is None:
+                dim_env = dims_only(env)
+            out.append(d.substitute(dim_env))
     return tuple(out)
 
 

@@ -391,6 +391,8 @@ def test_normal_form_evaluates_like_python(tree, env):
 def test_normal_form_is_idempotent(tree):
     expr = built(tree)
     assert expr.substitute({}) == expr
+    # What lets `substitute` return an expression none of whose symbols it replaces as it is.
+    assert expr._substitute({}) == expr
     assert Facts().simplify(expr) == expr
     assert str(expr) == str(build(tree))
 
@@ -428,6 +430,43 @@ def test_substitute_then_evaluate_agrees(tree, env, name, kind):
         assume(env[name] >= 1)
         replacement, rest = sym("z") + 1, {**others, "z": env[name] - 1}
     assert built(tree).substitute({name: replacement}).evaluate(rest) == expected
+
+
+@PROPERTY_MANY_TREES
+@given(ABC, ABC, st.sampled_from(["a", "b", "c", "z"]))
+def test_remembered_substitutions_equal_fresh_ones(tree, replacement_tree, name):
+    expr, replacement = built(tree), built(replacement_tree)
+    try:
+        fresh = expr._substitute({name: replacement})
+    except DimError:
+        with pytest.raises(DimError):
+            expr.substitute({name: replacement, "unused": 3})
+        return
+    assert expr.substitute({name: replacement, "unused": 3}) == fresh
+    assert expr.substitute({name: replacement}) == fresh  # now remembered
+
+
+@PROPERTY_MANY_TREES
+@given(trees(("D", "H", "c")), st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), trees(("D", "H", "c")))
+def test_remembered_answers_equal_fresh_ones(x_tree, op, y_tree):
+    x, y = built(x_tree), built(y_tree)
+    facts = (Facts().with_fact(sym("D") % sym("H"), "==", 0).with_fact(sym("H"), ">", 0)
+             .with_fact(sym("c"), "<=", sym("D")))
+    first = facts.decide(x, op, y)
+    assert Facts(facts.facts).decide(x, op, y) == first  # a new Facts, answered from memory
+    assert Facts(facts.facts)._decide(x, op, y) == first  # worked out again
+
+
+def test_answers_that_may_depend_on_the_order_of_questions_are_not_remembered():
+    # (D / H)'s bound needs H's, and H's needs (D / H)'s: whichever is asked second while the
+    # first is worked out gets "unknown", so this Facts' answers may depend on their order.
+    from linnet.dims import facts as facts_module
+
+    facts = Facts().with_fact(H, ">=", D // H).with_fact(D // H, ">", 2).with_fact(B, "<", 5)
+    assert facts.decide(H, ">=", 3) is True
+    assert facts._order_dependent
+    assert facts.decide(D // H, ">=", 3) is True
+    assert not any(key[0] == facts.facts for key in facts_module._DECIDED)
 
 
 # Facts: D % H == 0 and H > 0, with environments built to satisfy them (D = H * k).

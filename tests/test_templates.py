@@ -250,3 +250,35 @@ pub block Again<..Spliced> = Tagger<Encoder<D, MaxLen>, D, Labels, MaxLen>
         assert [str(c) for c in block.where] == ["D > 1", "Labels > 0"]
     instance = instantiate(checked, "Spliced", {"D": 4, "Labels": 3})
     assert str(instance.entries["logits"]).endswith("-> Tensor[B, S, 3; f32] where S <= 8")
+
+
+def test_the_tree_walk_visits_every_node_depth_first_and_reads_fields_as_it_reaches_them():
+    """`_nodes` keeps a stack instead of recursing; it must visit what the recursive walk did, in
+    the same order, and see a field the caller replaced on the node it was just given."""
+    import dataclasses
+
+    from linnet.diagnostics import Span
+    from linnet.front.parser import parse_file
+    from linnet.front.templates import _nodes
+    from linnet.paths import std_dir, zoo_dir
+
+    def recursive(node):
+        if isinstance(node, list):
+            for n in node:
+                yield from recursive(n)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, Span):
+            yield node
+            for f in dataclasses.fields(node):
+                yield from recursive(getattr(node, f.name))
+
+    files = [zoo_dir() / "bert-base-uncased" / "src" / "lib.linnet", *sorted(std_dir().rglob("*.linnet"))]
+    for file in files:
+        tree = parse_file(file)
+        assert [id(n) for n in _nodes(tree)] == [id(n) for n in recursive(tree)], file
+    ref = ast.BlockRef("Model", [ast.DimName("D", None)], None)
+    seen = []
+    for node in _nodes([ref]):
+        seen.append(node)
+        if node is ref:
+            ref.args = [ast.DimName("E", None)]
+    assert [getattr(n, "name", None) for n in seen] == ["Model", "E"]

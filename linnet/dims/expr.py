@@ -236,6 +236,10 @@ class DimExpr:
 
     def free_symbols(self) -> frozenset[str]:
         """Every symbol name that occurs, including inside divisions and remainders."""
+        return self._symbols
+
+    @cached_property
+    def _symbols(self) -> frozenset[str]:
         return frozenset().union(*(atom.free_symbols() for atom in self.atoms()))
 
     def atoms(self) -> tuple[Atom, ...]:
@@ -257,7 +261,22 @@ class DimExpr:
 
         Raises DimError when a divisor becomes the constant 0."""
         replacements = {name: _coerce(value) for name, value in mapping.items()}
+        # Only the replacements of its own symbols matter; with none, rebuilding gives the
+        # same normal form again (every atom was made by the constructor it is rebuilt with).
+        used = tuple(sorted(((name, value) for name, value in replacements.items() if name in self._symbols),
+                            key=lambda item: item[0]))
+        if not used:
+            return self
+        key = (self, used)
+        result = _SUBSTITUTED.get(key)
+        if result is None:
+            result = self._substitute(dict(used))
+            if len(_SUBSTITUTED) >= _SUBSTITUTED_MAX:
+                _SUBSTITUTED.clear()
+            _SUBSTITUTED[key] = result
+        return result
 
+    def _substitute(self, replacements: Mapping[str, DimExpr]) -> DimExpr:
         def replace(atom: Atom) -> DimExpr:
             if isinstance(atom, Sym):
                 return replacements.get(atom.name, _atom_expr(atom))
@@ -324,6 +343,12 @@ class DimExpr:
         return f"DimExpr({str(self)!r})"
 
 
+#: `substitute`'s results, by expression and the replacements of its symbols: checking BERT
+#: substitutes about 4,600 times, some 70 distinct substitutions.  Emptied when full.
+_SUBSTITUTED: dict[tuple, DimExpr] = {}
+_SUBSTITUTED_MAX = 50_000
+
+
 def _from_coefficients(coefficients: Mapping[Monomial, int]) -> DimExpr:
     """The canonical DimExpr for a monomial -> coefficient mapping (zeros dropped)."""
     terms = [(monomial, coeff) for monomial, coeff in coefficients.items() if coeff]
@@ -350,7 +375,15 @@ def sym(name: str) -> DimExpr:
     """The generic dimension called `name`."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a dimension symbol needs a non-empty name, not {name!r}")
-    return _atom_expr(Sym(name))
+    made = _SYMBOLS.get(name)
+    if made is None:  # one value per name, so its hash and sort key are worked out once
+        if len(_SYMBOLS) >= 10_000:
+            _SYMBOLS.clear()
+        made = _SYMBOLS[name] = _atom_expr(Sym(name))
+    return made
+
+
+_SYMBOLS: dict[str, DimExpr] = {}
 
 
 def _operand(value: object) -> DimExpr | None:

@@ -27,6 +27,14 @@ COMPARISONS = frozenset({"==", "!=", "<", "<=", ">", ">="})
 #: Rounds of rewriting in `Facts.simplify`; each round removes divisions, so few are needed.
 _MAX_REWRITE_ROUNDS = 16
 
+#: `decide`'s answers, shared by every Facts with the same clauses: checking BERT asks about
+#: 1,800 questions, 140 of them distinct, and the fuzzer asks them again case after case.
+#: Only answers that do not depend on the order of earlier questions are kept (see
+#: `Facts._order_dependent`); emptied when full, which only costs time.
+_DECIDED: dict[tuple, bool | None] = {}
+_DECIDED_MAX = 50_000
+_UNKNOWN = object()
+
 
 @dataclass(frozen=True)
 class Fact:
@@ -69,6 +77,10 @@ class Facts:
         self._facts = tuple(facts)
         for fact in self._facts:
             _check_comparison(fact.op)
+        # Set once an atom's bound was asked for while being worked out: from then on this
+        # Facts' answers depend on the order of the questions, so they bypass `_DECIDED`.
+        self._order_dependent = False
+        self._pending: set[Atom] = set()
 
     @property
     def facts(self) -> tuple[Fact, ...]:
@@ -106,7 +118,21 @@ class Facts:
 
         None also when the facts make a divisor in either side 0: such a side has no value."""
         _check_comparison(op)
-        difference = _coerce(left) - _coerce(right)
+        left, right = _coerce(left), _coerce(right)
+        key = (self._facts, left, op, right)
+        if not self._order_dependent:
+            known = _DECIDED.get(key, _UNKNOWN)
+            if known is not _UNKNOWN:
+                return known
+        verdict = self._decide(left, op, right)
+        if not self._order_dependent:
+            if len(_DECIDED) >= _DECIDED_MAX:
+                _DECIDED.clear()
+            _DECIDED[key] = verdict
+        return verdict
+
+    def _decide(self, left: DimExpr, op: str, right: DimExpr) -> bool | None:
+        difference = left - right
         try:
             difference = self.simplify(difference)
             if op in ("==", "!=") and self._known_nonzero(difference):
@@ -248,16 +274,20 @@ class Facts:
 
     def _atom_lower_bound(self, atom: Atom) -> int | None:
         cache = self._atom_bound_cache
+        if atom in self._pending:
+            self._order_dependent = True
         if atom not in cache:
             # A fact may mention the atom inside its own divisor's bounds; asking again while
             # this one is worked out gets the conservative "unknown" instead of recursing.
             cache[atom] = None
+            self._pending.add(atom)
             bound = _max_known((self._intrinsic_lower_bound(atom),
                                 self._bounds.atom_lower_bounds.get(atom)))
             excluded = self._bounds.excluded_values.get(atom, frozenset())
             while bound is not None and bound in excluded:
                 bound += 1
             cache[atom] = bound
+            self._pending.discard(atom)
         return cache[atom]
 
     def _intrinsic_lower_bound(self, atom: Atom) -> int | None:

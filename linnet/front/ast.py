@@ -6,9 +6,26 @@ types to them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..diagnostics import Span
+
+
+def field_names(node) -> tuple[str, ...] | None:
+    """The field names of a syntax node (a dataclass other than a `Span`), in order; None for
+    anything else.  Looked up once per class: the tree walkers ask it of every node."""
+    cls = type(node)
+    names = _FIELD_NAMES.get(cls, False)
+    if names is False:
+        is_node = dataclasses.is_dataclass(node) and not isinstance(node, Span)
+        names = tuple(f.name for f in dataclasses.fields(node)) if is_node else None
+        if not isinstance(node, type):  # a class object is a dataclass or not by itself
+            _FIELD_NAMES[cls] = names
+    return names
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
 
 # ---------------------------------------------------------------------------- dims
 

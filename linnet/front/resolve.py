@@ -410,9 +410,9 @@ def _substitute(node, mapping: dict):
         if isinstance(arg, (ast.DimName, ast.NamedTypeNode)):
             return ast.NamedTypeNode(arg.name, node.span)
         return node
-    if dataclasses.is_dataclass(node) and not isinstance(node, Span):
-        changes = {f.name: _substitute(getattr(node, f.name), mapping) for f in dataclasses.fields(node)}
-        return dataclasses.replace(node, **changes)
+    names = ast.field_names(node)
+    if names is not None:
+        return dataclasses.replace(node, **{name: _substitute(getattr(node, name), mapping) for name in names})
     return node
 
 

@@ -8,6 +8,7 @@ ever see plain blocks.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from . import ast
 from .. import codes
@@ -287,14 +288,21 @@ def with_instance_note(diagnostic: Diagnostic, block: "ast.Block | None") -> Dia
 
 
 def _nodes(node):
-    """Every syntax node under `node` (lists and dataclasses), depth first."""
-    if isinstance(node, list):
-        for n in node:
-            yield from _nodes(n)
-    elif dataclasses.is_dataclass(node) and not isinstance(node, Span):
-        yield node
-        for f in dataclasses.fields(node):
-            yield from _nodes(getattr(node, f.name))
+    """Every syntax node under `node` (lists and dataclasses), depth first.  A node's fields
+    are read as the walk reaches them, so the caller may change the node it was just given."""
+    pending = [iter((node,))]  # a stack, not recursion: every resolve walks every tree
+    while pending:
+        for child in pending[-1]:
+            if isinstance(child, list):
+                pending.append(iter(child))
+                break
+            names = ast.field_names(child)
+            if names is not None:
+                yield child
+                pending.append(map(getattr, itertools.repeat(child), names))
+                break
+        else:
+            pending.pop()
 
 
 def _as_expr(node, span: Span):
@@ -323,7 +331,7 @@ def _instantiate(node, values: dict, blocks: dict):
         return ast.NamedTypeNode(arg.name, node.span) if isinstance(arg, (ast.DimName, ast.NamedTypeNode)) else node
     if isinstance(node, ast.Name) and node.name in values:
         return _as_expr(values[node.name], node.span)
-    if dataclasses.is_dataclass(node) and not isinstance(node, Span):
-        changes = {f.name: _instantiate(getattr(node, f.name), values, blocks) for f in dataclasses.fields(node)}
-        return dataclasses.replace(node, **changes)
+    names = ast.field_names(node)
+    if names is not None:
+        return dataclasses.replace(node, **{name: _instantiate(getattr(node, name), values, blocks) for name in names})
     return node

@@ -34,6 +34,8 @@ sharing one case format and one replay command.
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import multiprocessing as mp
 import random
@@ -104,13 +106,21 @@ TOML_VALUES = ["0", "1", "2", "3", "7", "-1", "-8", "1024", "100000", "100000000
                "2.5", "true", '"f16"', '"bf16"', '"f64"', '"i32"', '"bool"', '"x"', '""', "[1]", "{}"]
 
 
-def _tokens(text: str) -> tuple[str, list[str]]:
-    """The text as a prefix and tokens, each with the whitespace and comments after it."""
+@functools.lru_cache(maxsize=256)
+def _tokens(text: str) -> tuple[str, tuple[str, ...]]:
+    """The text as a prefix and tokens, each with the whitespace and comments after it (worked
+    out once per corpus file: it was a tenth of a case's time)."""
     matches = list(TOKEN.finditer(text))
     if not matches:
-        return text, []
+        return text, ()
     starts = [m.start() for m in matches[1:]] + [len(text)]
-    return text[:matches[0].start()], [m.group(0) + text[m.end():nxt] for m, nxt in zip(matches, starts)]
+    return text[:matches[0].start()], tuple(m.group(0) + text[m.end():nxt] for m, nxt in zip(matches, starts))
+
+
+@functools.lru_cache(maxsize=256)
+def _names(text: str) -> tuple[str, ...]:
+    """The identifiers of a text, sorted: what a "rename" draws from."""
+    return tuple(sorted({_core(t) for t in _tokens(text)[1] if IDENT.fullmatch(_core(t))})) or ("x",)
 
 
 def _core(token: str) -> str:
@@ -239,8 +249,9 @@ class Case:
     ops: list[str] = field(default_factory=list)
 
 
-def _mutate_tokens(rng: random.Random, text: str, names: list[str], ops: list[str]) -> str:
+def _mutate_tokens(rng: random.Random, text: str, names: tuple[str, ...], ops: list[str]) -> str:
     prefix, tokens = _tokens(text)
+    tokens = list(tokens)
     if not tokens:
         return text + rng.choice(SNIPPETS)
     for _ in range(rng.choice([1, 1, 1, 1, 1, 2, 2, 3, 4, 6])):
@@ -364,7 +375,7 @@ def case_from_random(rng: random.Random, targets: list[Target], workspace: Works
     text = workspace.text(target.file)
     ops: list[str] = []
     files: dict[str, bytes] = {}
-    names = sorted({_core(t) for t in _tokens(text)[1] if IDENT.fullmatch(_core(t))}) or ["x"]
+    names = _names(text)
     roll = rng.random()
     if roll < 0.04:
         ops.append("random-text")
@@ -596,6 +607,7 @@ def _worker(worker: int, jobs: int, seed: int, start: int, cases: int, queue, cu
     targets = corpus()
     # Imports (onnx, the backends) and the parse cache are warmed first, outside any timeout.
     run_case(Case(-1, targets[0], {}), workspace, timeout=0)
+    _quiet_collector()
     try:
         for index in range(start + worker, start + cases, jobs):
             current.value = index
@@ -614,6 +626,16 @@ def _worker(worker: int, jobs: int, seed: int, start: int, cases: int, queue, cu
     finally:
         workspace.close()
         queue.put(("done", worker))
+
+
+def _quiet_collector() -> None:
+    """Keep what the warm-up made (onnx, numpy, the parsed corpus) out of the garbage
+    collector's passes, and run them less often: each program is a cycle (a module's scope
+    names the module), so with the default thresholds full passes over every live object were
+    a third of a case's CPU time. Costs some 30 MB more at peak."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def fuzz(cases: int, seed: int = 0, jobs: int = 1, out: Path = Path("fuzz-failures"), start: int = 0,
