@@ -294,12 +294,11 @@ class TorchEmitter(PyWriter):
             if handle is not None:
                 (methods[fn.block] if fn.block else free_defs).append(handle)
         texts = [self.namer.text(h) for h in free_defs]
-        if any(f"{CAT_ONTO}(" in self.namer.text(h) for hs in methods.values() for h in hs) or any(
-                f"{CAT_ONTO}(" in t for t in texts):
-            lines += ["", CAT_ONTO_SOURCE]
-        if any(f"{WINDOWED}(" in t for t in texts) or any(
-                f"{WINDOWED}(" in self.namer.text(h) for hs in methods.values() for h in hs):
-            lines += ["", WINDOWED_SOURCE]
+        # A module-level helper is written out only when some emitted function calls it.
+        emitted = texts + [self.namer.text(h) for hs in methods.values() for h in hs]
+        for helper, source in ((CAT_ONTO, CAT_ONTO_SOURCE), (WINDOWED, WINDOWED_SOURCE)):
+            if any(f"{helper}(" in text for text in emitted):
+                lines += ["", source]
         for text in texts:
             lines += ["", text, ""]
         for block_id in self._class_order():
