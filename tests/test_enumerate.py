@@ -147,3 +147,50 @@ def test_a_shape_that_depends_on_the_pass_number_is_refused(tmp_path):
     text = caught.value.render()
     assert caught.value.code == codes.SHAPE_FROM_PASS_NUMBER.code
     assert "shape Tensor[Layers - i + 1, D; f32] depends on the pass number" in text and "tail.linnet:9:" in text
+
+
+def test_a_dim_local_computed_from_the_pass_number_lowers_and_runs(tmp_path):
+    """`let k = ...i...` binds a dim that differs per pass; each read is that dim for the pass
+    (ModernBERT picks full or sliding layers so). It once passed the checker and then stopped
+    lowering with an InternalError ("a type that is not concrete")."""
+    import jax
+    import onnxruntime as ort
+    import torch
+
+    from linnet.backends import jax_source, onnx_graph, torch_source
+    from linnet.backends.pysource import import_generated
+    from linnet.backends.torch_runtime import torch_param_name
+
+    path = tmp_path / "dimlocal.linnet"
+    path.write_text(SOURCE.replace("INDEX", "i + 1").replace(
+        "            h = layer.forward(h) + shifts[i + 1] * cast<f32>(i)\n",
+        "            let odd = (i + 1) % 2\n"
+        "            var scale = 3 * odd + i\n"
+        "            scale = 3 * odd + i\n"
+        "            h = layer.forward(h) + shifts[i + 1] * cast<f32>(scale)\n"), encoding="utf-8")
+    checked = compile_target(locate(path)).checked
+    program = lower(instantiate(checked, "Shifted", {"D": D, "Layers": LAYERS}))
+    ir.verify(program)
+    rng = np.random.default_rng(5)
+    weights = {p: rng.standard_normal(tuple(d.as_int() for d in t.dims)).astype(np.float32)
+               for p, t in program.param_paths()}
+    x = rng.standard_normal((2, D)).astype(np.float32)
+    shifts = rng.standard_normal((LAYERS + 1, D)).astype(np.float32)
+    h = x.astype(np.float64)
+    for i in range(LAYERS):
+        scale = 3 * ((i + 1) % 2) + i  # 3, 1, 5, 3
+        h = h @ weights[f"layers.{i}.weight"].T.astype(np.float64) + weights[f"layers.{i}.bias"] + shifts[i + 1] * scale
+
+    (tmp_path / "model.py").write_text(torch_source.emit(program))
+    model = import_generated(tmp_path / "model.py", "linnet_test_dim_local").Shifted()
+    model.load_state_dict({torch_param_name(k): torch.from_numpy(v) for k, v in weights.items()})
+    with torch.no_grad():
+        got = {"torch": model.forward(torch.from_numpy(x), torch.from_numpy(shifts)).numpy()}
+    namespace: dict = {}
+    exec(compile(jax_source.emit(program), "dimlocal_jax.py", "exec"), namespace)
+    got["jax"] = np.asarray(jax.jit(namespace["ENTRIES"]["forward"])(jax_source.params_tree(program, weights), x, shifts))
+    model_file = onnx_graph.emit(program, weights, name="dimlocal", outputs={"forward": "y", "marks": "rows"})[0]
+    session = ort.InferenceSession(model_file.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got["onnx"] = session.run(None, {"x": x, "shifts": shifts})[0]
+    for backend, forward in got.items():
+        np.testing.assert_allclose(forward, h, rtol=1e-5, atol=1e-5, err_msg=backend)

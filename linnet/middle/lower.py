@@ -272,6 +272,8 @@ class Lowerer:
         if isinstance(stmt, ast.Let):
             value = self._expr(stmt.value, scope)  # before the name is bound: `let x = x + 1` reads the old x
             scope.names[stmt.name] = scope.bind(stmt.name)
+            if isinstance(value, ir.DimValue):
+                return []  # a dim local: each read is its dim expression (`_lower_name`), nothing to run
             return [ir.Let(scope.names[stmt.name], value, line)]
         if isinstance(stmt, ast.Destructure):
             value = self._expr(stmt.value, scope)
@@ -279,7 +281,10 @@ class Lowerer:
                 scope.names[name] = scope.bind(name)
             return [ir.Unpack(tuple(scope.names[n] for n in stmt.names), value, line)]
         if isinstance(stmt, ast.Assign):
-            return [ir.Assign(scope.names[stmt.name], self._expr(stmt.value, scope), line)]
+            value = self._expr(stmt.value, scope)
+            if isinstance(value, ir.DimValue):
+                return []  # the same dim the variable holds (checked), so nothing changes
+            return [ir.Assign(scope.names[stmt.name], value, line)]
         if isinstance(stmt, ast.Return):
             return [ir.Return(self._expr(stmt.value, scope), line)]
         if isinstance(stmt, ast.StaticFor):
@@ -362,6 +367,10 @@ class Lowerer:
         if info is None:
             raise InternalError(f"unresolved name `{node.name}` at {node.span}")
         if info.kind == "local":
+            if isinstance(t, DimT):
+                # A dim local (`let full = 1 - (i + 1) % Every`): the checker proved every
+                # assignment equal to its declared dim, so a read is that dim, pass number included.
+                return self._dim(t.expr, scope)
             return ir.Ref(scope.names.get(node.name, node.name), _concrete(t, {}))
         if info.kind == "param":
             return ir.ParamRef(node.name, _concrete(t, {}))
