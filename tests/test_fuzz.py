@@ -237,3 +237,43 @@ def test_bert_with_computed_defaults_goes_through_every_emitter(workspace, targe
     """The unmutated BERT source, `forward_full`'s computed defaults included."""
     outcome = run_bert(workspace, targets, source=[])
     assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
+def _structure(node):
+    """A syntax tree as nested tuples, for comparing two trees by value."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(node):
+        return (type(node).__name__,) + tuple((f.name, _structure(getattr(node, f.name)))
+                                              for f in dataclasses.fields(node))
+    if isinstance(node, (list, tuple)):
+        return tuple(_structure(item) for item in node)
+    if isinstance(node, dict):
+        return tuple(sorted((k, _structure(v)) for k, v in node.items()))
+    return node
+
+
+def test_a_reused_syntax_tree_is_handed_out_as_parsed():
+    """The workspace reuses the trees of unmutated files, which the resolver edits in place
+    (delegated entries, computed defaults); an edit made in one case, perhaps from a file that
+    case mutated, must not reach the next. After cases that resolve BERT, std and golden
+    programs, every reused tree equals a fresh parse of its file."""
+    import linnet.front.resolve as resolve
+    from linnet.front.parser import parse_file
+
+    ws = Workspace()
+    try:
+        cached = resolve.parse_file
+        targets = corpus()
+        run_case(Case(-1, next(t for t in targets if t.label == "bert"), {}), ws, timeout=GUARD_S)
+        for index in range(40):
+            run_case(make_case(2026, index, targets, ws), ws, timeout=GUARD_S)
+        trees = cached.trees
+        assert any("pub use" in ws.text(rel) for rel, _ in trees)  # trees the resolver does edit
+        for (rel, display), _ in trees.items():
+            path = ws.root / rel
+            again = cached(path, None, None if display == str(path) else display)
+            fresh = parse_file(path, None, None if display == str(path) else display)
+            assert _structure(again) == _structure(fresh), rel
+    finally:
+        ws.close()

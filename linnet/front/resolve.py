@@ -274,7 +274,8 @@ class _Delegations:
             block.functions.insert(position + shift, function)
         self.errors[reported:] = [with_instance_note(d, block) for d in self.errors[reported:]]
         self.state[id(block)] = "done"
-        block.delegates_expanded = True
+        if block.delegates:
+            block.delegates_expanded = True  # a block with nothing to expand stays as parsed
         return True
 
     def _function(self, block: ast.Block, info: ModuleInfo, d: ast.Delegate) -> ast.Function | None:
