@@ -300,18 +300,19 @@ def test_std_block_matches_torch(entry, backend, row):
 
 
 def test_windowed_attention_in_chunks_equals_its_body_at_every_row(entry):
-    """torch computes `windowed_attention` a chunk of queries at a time over the band of keys each
-    chunk can see; ONNX Runtime and JAX run the Linnet body (an [S, S] window term).  At S = 150
-    (three chunks of up to 64 queries) with a run of padding longer than the window, every row
-    agrees, padded queries whose window holds no real key included, and real rows equal SDPA.
-    Packed (the default on ONNX and JAX), the real rows agree and the padded ones read 0."""
+    """torch and ONNX compute `windowed_attention` a chunk of queries at a time over the band of
+    keys each chunk can see (chunks of 64 and 256 queries); JAX runs the Linnet body (an [S, S]
+    window term).  At S = 600 (ten torch chunks, three ONNX ones, the last short) with a run of
+    padding longer than the window, every row agrees, padded queries whose window holds no real
+    key included, and real rows equal SDPA.  Packed (the default on ONNX and JAX), the real
+    rows agree and the padded ones read 0."""
     from linnet import nest
 
     folder, weights = entry
-    length = 150
+    length = 600
     x = RNG.standard_normal((B, length, D)).astype(np.float32)
     mask = np.ones((B, length), np.int32)
-    mask[0, 90:] = 0  # 60 padding keys at the end: rows 93.. see no real key within 2
+    mask[0, 540:] = 0  # 60 padding keys at the end: rows 543.. see no real key within 2
     mask[1, :7] = 0  # left padding
     # Not packed: a packed program reads 0 at padded positions, and those rows are compared here.
     got = {backend: np.asarray(nest.load(folder, backend=backend, weights=weights, packing=False)
@@ -326,6 +327,13 @@ def test_windowed_attention_in_chunks_equals_its_body_at_every_row(entry):
     assert float(np.abs(got["torch"][real] - expected[real]).max()) <= 1e-5
     packed = np.asarray(nest.load(folder, backend="onnx", weights=weights).bidirectional(x, mask))
     assert float(np.abs(packed[real] - expected[real]).max()) <= 1e-5 and not packed[~real].any()
+    # The unpacked ONNX graph is the band form: one Loop building each chunk's band of keys.
+    import onnx
+
+    graph = onnx.load(str(nest.load(folder, backend="onnx", weights=weights, packing=False).runtime.folder
+                          / "model.bidirectional.onnx")).graph
+    loops = [n for n in graph.node if n.op_type == "Loop"]
+    assert len(loops) == 1 and {"Range", "Greater", "Where"} <= {n.op_type for n in loops[0].attribute[0].g.node}
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

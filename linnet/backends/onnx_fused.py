@@ -79,13 +79,40 @@ def _fused_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: 
     return em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
 
 
+def _fused_windowed_attention(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
+    """`windowed_attention` over the band alone: the chunked Loop of `_chunked_attention`, each
+    chunk of queries reading only the keys within `window` of one of its rows.  A window of
+    S - 1 or more reads every key (a global layer), so one graph serves both kinds of layer."""
+    fn = frame.fn
+    q, k, v, scale, mask, window = args
+    types = [t for _, t in fn.params]
+    # The specialisation whose queries are the keys' positions, row for row, with a key-padding
+    # mask; a dead-rows clone (one query row) or a packed one keeps the Linnet body.
+    if types[0].dims[2] != types[1].dims[2] or str(types[4].dims[2]) != "1" or not mask:
+        return None
+    dtype = fn.result.dtype
+    out = elem_type(dtype)
+    scope, doc = em.scope(frame), em.doc(frame, fn.span.line) + " (windowed attention over its band)"
+    scaled = q if scalars.get(3) == 1.0 else em.node("Mul", [q, scale], out, scope=scope,
+                                                     doc=doc + ", scale folded into Q")
+    keys = em.node("Transpose", [k], out, scope=scope, doc=doc, perm=[0, 1, 3, 2])
+    return _chunked_attention(em, scaled, keys, v, mask, False, 4, frame.resolve(types[0].dims[2]), 4, dtype,
+                              scope, doc, window=window)
+
+
 def _chunked_attention(em: GraphEmitter, q: str, keys: str, v: str, mask: str | None, mask_rows: bool,
-                       mask_rank: int, queries, rank: int, dtype: str, scope: str, doc: str) -> str:
+                       mask_rank: int, queries, rank: int, dtype: str, scope: str, doc: str,
+                       window: str | None = None) -> str:
     """softmax(q keys + mask) v in a Loop over chunks of min(Q, ATTENTION_CHUNK) query rows:
     iteration i slices rows [i c, i c + c) of q (and of the mask, when it has a row per query),
     pads a short last chunk with zero rows to c, and emits its [.., c, Dv] rows as a scan
     output; the [n, .., c, Dv] result is put back in row order and cut to Q rows.  Each row is
-    the one-pass form's softmax over the same keys; only one chunk's scores exist at a time."""
+    the one-pass form's softmax over the same keys; only one chunk's scores exist at a time.
+
+    With a `window` (an i32 scalar; queries and keys at the same positions, a key-padding
+    mask), a chunk reads only the keys [i c - window, i c + c + window) and adds std's band,
+    `WINDOW_OUTSIDE` where |query - key| > window: the keys left out are ones the body gives
+    weight exactly 0, so no [Q, K] scores or band exist at all."""
     from onnx import TensorProto, helper
 
     out = elem_type(dtype)
@@ -121,12 +148,15 @@ def _chunked_attention(em: GraphEmitter, q: str, keys: str, v: str, mask: str | 
         pads = em.node("Concat", [before, missing, em.constant([0], "i64", (1,))], i64, scope=scope, doc=doc, axis=0)
         return em.node("Pad", [part, pads], em.types.get(x, out), scope=scope, doc=doc + ", last chunk padded")
 
+    values = v
+    if window is not None:
+        keys, values, mask = _band(em, start, size, total, window, keys, values, mask, dtype, scope, doc)
     scores = em.node("MatMul", [rows(q, rank), keys], out, scope=scope, doc=doc)
     if mask:
         chunk_mask = rows(mask, mask_rank) if mask_rows else mask
         scores = em.node("Add", [scores, chunk_mask], out, scope=scope, doc=doc + ", mask added")
     probs = softmax(em, scores, dtype, -1, scope, doc)
-    chunk = em.node("MatMul", [probs, v], out, scope=scope, doc=doc)
+    chunk = em.node("MatMul", [probs, values], out, scope=scope, doc=doc)
     keep = em.node("Identity", [condition], TensorProto.BOOL, scope=scope, doc=doc)
     body = helper.make_graph(
         em.nodes, f"{scope}/attention_chunk",
@@ -143,6 +173,45 @@ def _chunked_attention(em: GraphEmitter, q: str, keys: str, v: str, mask: str | 
     flat = em.node("Reshape", [moved, em.node("Concat", [lead, em.constant([-1], "i64", (1,)), width], i64,
                                               scope=scope, doc=doc, axis=0)], out, scope=scope, doc=doc)
     return em.node("Slice", [flat, em.constant([0], "i64", (1,)), total, one_axis], out, scope=scope, doc=doc)
+
+
+def _band(em: GraphEmitter, start: str, size: str, total: str, window: str, keys: str, v: str, mask: str,
+          dtype: str, scope: str, doc: str) -> tuple[str, str, str]:
+    """Inside a windowed chunk starting at query `start`: the keys [low, high) any of its rows
+    can see ([B, H, Dh, n] of the transposed `keys`, [B, H, n, Dv] of `v`), and the mask over
+    them, [B, 1, c, n]: std's band (`WINDOW_OUTSIDE` beyond the window, else 0) plus the
+    padding mask, added in the body's order."""
+    from onnx import TensorProto
+
+    out, i64 = elem_type(dtype), TensorProto.INT64
+    doc = doc + ", the keys within the window"
+    reach = em.node("Reshape", [em.cast(window, i64, scope, doc), em.constant([1], "i64", (1,))], i64,
+                    scope=scope, doc=doc)
+    zero = em.constant([0], "i64", (1,))
+    low = em.node("Max", [em.node("Sub", [start, reach], i64, scope=scope, doc=doc), zero], i64, scope=scope, doc=doc)
+    end = em.node("Add", [em.node("Add", [start, size], i64, scope=scope, doc=doc), reach], i64, scope=scope, doc=doc)
+    high = em.node("Min", [end, total], i64, scope=scope, doc=doc)
+
+    def keys_of(x: str, axis: int) -> str:
+        return em.node("Slice", [x, low, high, em.constant([axis], "i64", (1,))], em.types.get(x, out), scope=scope,
+                       doc=doc)
+
+    def scalar(x: str) -> str:
+        return em.node("Squeeze", [x, zero], i64, scope=scope, doc=doc)
+
+    one = em.constant(1, "i64")
+    query = em.node("Range", [scalar(start), scalar(em.node("Add", [start, size], i64, scope=scope, doc=doc)), one],
+                    i64, scope=scope, doc=doc)
+    key = em.node("Range", [scalar(low), scalar(high), one], i64, scope=scope, doc=doc)
+    distance = em.node("Abs", [em.node("Sub", [em.node("Unsqueeze", [query, em.constant([1], "i64", (1,))], i64,
+                                                          scope=scope, doc=doc),
+                                                  em.node("Unsqueeze", [key, zero], i64, scope=scope, doc=doc)],
+                                          i64, scope=scope, doc=doc)], i64, scope=scope, doc=doc)
+    far = em.node("Greater", [distance, reach], TensorProto.BOOL, scope=scope, doc=doc)
+    band = em.node("Where", [far, em._scalar(kernels.WINDOW_OUTSIDE, dtype), em._scalar(0.0, dtype)], out,
+                   scope=scope, doc=doc + f", {kernels.WINDOW_OUTSIDE:g} outside")
+    near_mask = em.node("Add", [band, keys_of(mask, 3)], out, scope=scope, doc=doc + ", band plus padding mask")
+    return keys_of(keys, 3), keys_of(v, 2), near_mask
 
 
 def _fused_attention_dropout(em: GraphEmitter, frame: _Frame, args: list[str], scalars: dict) -> str | None:
@@ -246,6 +315,7 @@ FUSED = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
     kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
+    kernels.WINDOWED_ATTENTION: _fused_windowed_attention,
     kernels.LINEAR: _fused_linear,
     kernels.GELU_ERF: _fused_gelu_erf,
 }
