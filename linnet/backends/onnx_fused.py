@@ -188,9 +188,9 @@ def _band(em: GraphEmitter, start: str, size: str, total: str, window: str, keys
     reach = em.node("Reshape", [em.cast(window, i64, scope, doc), em.constant([1], "i64", (1,))], i64,
                     scope=scope, doc=doc)
     zero = em.constant([0], "i64", (1,))
+    stop = em.node("Add", [start, size], i64, scope=scope, doc=doc)  # the chunk's last query + 1
     low = em.node("Max", [em.node("Sub", [start, reach], i64, scope=scope, doc=doc), zero], i64, scope=scope, doc=doc)
-    end = em.node("Add", [em.node("Add", [start, size], i64, scope=scope, doc=doc), reach], i64, scope=scope, doc=doc)
-    high = em.node("Min", [end, total], i64, scope=scope, doc=doc)
+    high = em.node("Min", [em.node("Add", [stop, reach], i64, scope=scope, doc=doc), total], i64, scope=scope, doc=doc)
 
     def keys_of(x: str, axis: int) -> str:
         return em.node("Slice", [x, low, high, em.constant([axis], "i64", (1,))], em.types.get(x, out), scope=scope,
@@ -200,8 +200,7 @@ def _band(em: GraphEmitter, start: str, size: str, total: str, window: str, keys
         return em.node("Squeeze", [x, zero], i64, scope=scope, doc=doc)
 
     one = em.constant(1, "i64")
-    query = em.node("Range", [scalar(start), scalar(em.node("Add", [start, size], i64, scope=scope, doc=doc)), one],
-                    i64, scope=scope, doc=doc)
+    query = em.node("Range", [scalar(start), scalar(stop), one], i64, scope=scope, doc=doc)
     key = em.node("Range", [scalar(low), scalar(high), one], i64, scope=scope, doc=doc)
     distance = em.node("Abs", [em.node("Sub", [em.node("Unsqueeze", [query, em.constant([1], "i64", (1,))], i64,
                                                           scope=scope, doc=doc),

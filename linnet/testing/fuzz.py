@@ -216,7 +216,7 @@ def _cached_parse_file(pristine: dict[str, bytes], root: Path):
 
     from ..front.parser import parse_file
 
-    trees: dict[tuple[str, str], tuple[object, bytes | None]] = {}
+    trees: dict[tuple[str, str], object] = {}  # a shared tree, or the pickle of one edited in place
 
     def parse(path: Path, sources=None, display_name: str | None = None):
         try:
@@ -229,12 +229,12 @@ def _cached_parse_file(pristine: dict[str, bytes], root: Path):
         key = (rel, display_name or str(path))
         if key not in trees:
             tree = parse_file(path, sources, display_name)
-            trees[key] = (tree, pickle.dumps(tree) if _edited_in_place(tree) else None)
-            return pickle.loads(trees[key][1]) if trees[key][1] is not None else tree
+            trees[key] = pickle.dumps(tree) if _edited_in_place(tree) else tree
+            return tree  # fresh either way; only the kept pickle must stay as parsed
         if sources is not None:
             sources.add(display_name or str(path), data.decode("utf-8-sig"))
-        tree, blob = trees[key]
-        return tree if blob is None else pickle.loads(blob)
+        kept = trees[key]
+        return pickle.loads(kept) if isinstance(kept, bytes) else kept
 
     parse.trees = trees  # for tests: the trees kept for reuse
     return parse
