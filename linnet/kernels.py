@@ -13,7 +13,7 @@ ATTENTION = "std.nn.attention::attention"
 #: `attention` with dropout on its probabilities (training); the same kernel with a rate.
 ATTENTION_DROPOUT = "std.nn.attention::attention_with_dropout"
 #: `attention` under a bidirectional sliding window of a run-time width over a key-padding mask;
-#: torch computes only the band of scores a query can see.
+#: every backend computes only the band of scores a query can see (docs/backends.md).
 WINDOWED_ATTENTION = "std.nn.attention::windowed_attention"
 #: std.nn.attention's `OUTSIDE`, the score a key outside the window gets, for the kernels that
 #: build the band themselves (tests/test_ops.py checks it against the std source).

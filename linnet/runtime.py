@@ -188,7 +188,8 @@ class InputValidator:
                 continue
             self._check_bounds(name, arrays[name])
             self._check_finite(name, t, arrays[name])
-            converted.append(np.ascontiguousarray(arrays[name].astype(numpy_type, copy=False)))
+            # (np.ascontiguousarray would make a rank-0 input rank 1)
+            converted.append(np.asarray(arrays[name], dtype=numpy_type, order="C"))
         return converted, dims
 
     def bind(self, args: tuple, kwargs: dict) -> dict:

@@ -7,7 +7,7 @@
   2048 on torch and ONNX (ONNX in query chunks of 256); JAX and StableHLO run S = 1100, past the
   1024 queries above which they chunk too, which keeps each of these tests near a minute on 2
   shared cores (2048 takes them about twice that).
-* Peak RSS of a B=1, S=8192 `forward` on torch and ONNX, each in a child process
+* Peak RSS of a B=1, S=8192 `forward` on torch, ONNX and JAX, each in a child process
   (VmHWM, less the RSS after loading and one S=8 call: `resource.getrusage` maxrss in a child
   also counts its parent's RSS at fork, which Linux carries across exec; `kernels="default"`,
   which skips the per-machine kernel probe), stays below
@@ -118,7 +118,7 @@ _PEAK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("backend", ["torch", "onnx", "jax"])
 def test_a_forward_at_8192_tokens_stays_under_2_gib_above_the_model(three_layers, backend):
     run = subprocess.run([sys.executable, "-c", _PEAK, str(three_layers), backend, "8192"],
                          capture_output=True, text=True, timeout=900)

@@ -89,6 +89,14 @@ where Heads > 0, D % Heads == 0 {
                                               cast<i32>(Window)))
     }
 
+    // The same with the window given at run time: a value no backend knows when it compiles.
+    pub entry bidirectional_at<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32],
+                                               window: Tensor[; i32]) -> Tensor[B, S, D; T] {
+        let h = split_heads<B, S, Heads, D / Heads, T>(x)
+        let mask = padding_mask<B, S, T>(attention_mask)
+        return merge_heads(windowed_attention(h, h * 0.5, h + 1.0, rsqrt(cast<f32>(D / Heads)), mask, window))
+    }
+
     pub entry padded<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, S, D; T] {
         let h = split_heads<B, S, Heads, D / Heads, T>(x)
         let mask = padding_mask<B, S, T>(attention_mask)
@@ -299,26 +307,51 @@ def test_std_block_matches_torch(entry, backend, row):
     assert diff <= 1e-5
 
 
+def _long_padded_batch(length: int):
+    x = RNG.standard_normal((B, length, D)).astype(np.float32)
+    mask = np.ones((B, length), np.int32)
+    mask[0, length - 60:] = 0  # 60 padding keys at the end: the last rows see no real key within 2
+    mask[1, :7] = 0  # left padding
+    return x, mask
+
+
+def _jaxpr_shapes(jaxpr) -> set[tuple]:
+    """The shape of every value a jaxpr computes, inside its loops and conds as well."""
+    import jax
+
+    shapes = set()
+    for eqn in jaxpr.eqns:
+        shapes |= {tuple(v.aval.shape) for v in eqn.outvars}
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            shapes |= _jaxpr_shapes(sub)
+    return shapes
+
+
 def test_windowed_attention_in_chunks_equals_its_body_at_every_row(entry):
-    """torch and ONNX compute `windowed_attention` a chunk of queries at a time over the band of
-    keys each chunk can see (chunks of 64 and 256 queries); JAX runs the Linnet body (an [S, S]
-    window term).  At S = 600 (ten torch chunks, three ONNX ones, the last short) with a run of
-    padding longer than the window, every row agrees, padded queries whose window holds no real
-    key included, and real rows equal SDPA.  Packed (the default on ONNX and JAX), the real
-    rows agree and the padded ones read 0."""
+    """torch, ONNX, JAX and StableHLO compute `windowed_attention` a chunk of queries at a time
+    over the band of keys each chunk can see (chunks of 64, 256, 256 and 256 queries).  At S =
+    600 (ten torch chunks, three of the others, the last short) with a run of padding longer
+    than the window, every row agrees, padded queries whose window holds no real key included,
+    and real rows equal SDPA.  Packed (the default on ONNX and JAX), the real rows agree and
+    the padded ones read 0.  The JAX trace holds no [S, S] value, and the ONNX graph is the
+    band Loop."""
     from linnet import nest
 
     folder, weights = entry
     length = 600
-    x = RNG.standard_normal((B, length, D)).astype(np.float32)
-    mask = np.ones((B, length), np.int32)
-    mask[0, 540:] = 0  # 60 padding keys at the end: rows 543.. see no real key within 2
-    mask[1, :7] = 0  # left padding
+    x, mask = _long_padded_batch(length)
     # Not packed: a packed program reads 0 at padded positions, and those rows are compared here.
-    got = {backend: np.asarray(nest.load(folder, backend=backend, weights=weights, packing=False)
-                               .bidirectional(x, mask)) for backend in ("torch", "onnx", "jax")}
-    for backend in ("onnx", "jax"):
+    models = {backend: nest.load(folder, backend=backend, weights=weights, packing=False)
+              for backend in ("torch", "onnx", "jax", "stablehlo")}
+    got = {backend: np.asarray(model.bidirectional(x, mask)) for backend, model in models.items()}
+    for backend in ("onnx", "jax", "stablehlo"):
         assert float(np.abs(got["torch"] - got[backend]).max()) <= 1e-5, backend
+    import jax
+
+    runtime = models["jax"].runtime
+    traced = jax.make_jaxpr(runtime.module.ENTRIES["bidirectional"])(runtime.params, x, mask)
+    shapes = _jaxpr_shapes(traced.jaxpr)
+    assert (256, 256 + 2 * WINDOW) in shapes and not any(shape[-2:] == (length, length) for shape in shapes)
     h = torch.from_numpy(x).reshape(B, length, HEADS, D // HEADS).permute(0, 2, 1, 3)
     keep = _bidirectional_mask(length) & _keys(mask)
     expected = F.scaled_dot_product_attention(h, h * 0.5, h + 1.0, attn_mask=keep)
@@ -334,6 +367,30 @@ def test_windowed_attention_in_chunks_equals_its_body_at_every_row(entry):
                           / "model.bidirectional.onnx")).graph
     loops = [n for n in graph.node if n.op_type == "Loop"]
     assert len(loops) == 1 and {"Range", "Greater", "Where"} <= {n.op_type for n in loops[0].attribute[0].g.node}
+
+
+@pytest.mark.parametrize("window", [0, 2, 300, 599, 5000])
+def test_a_window_given_at_run_time_is_the_same_band_on_every_backend(entry, window):
+    """A window that arrives as an input is known to no compiler: torch reads it per call, ONNX
+    builds its band from it, JAX and StableHLO trace it and so take the body's [S, S] band.
+    From no neighbour (0) to every key (599 and beyond), each equals SDPA under the same band."""
+    from linnet import nest
+
+    folder, weights = entry
+    length = 600
+    x, mask = _long_padded_batch(length)
+    h = torch.from_numpy(x).reshape(B, length, HEADS, D // HEADS).permute(0, 2, 1, 3)
+    q, k = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    keep = ((k - q).abs() <= window) & _keys(mask)
+    expected = F.scaled_dot_product_attention(h, h * 0.5, h + 1.0, attn_mask=keep)
+    expected = expected.permute(0, 2, 1, 3).reshape(B, length, D).numpy()
+    real = mask != 0
+    for backend in ("torch", "onnx", "jax", "stablehlo"):
+        model = nest.load(folder, backend=backend, weights=weights, packing=False)
+        got = np.asarray(model.bidirectional_at(x, mask, np.asarray(window, np.int32)))
+        assert float(np.abs(got[real] - expected[real]).max()) <= 1e-5, backend
+    # A rank-0 input stays rank 0 through validation (np.ascontiguousarray made it [1]).
+    assert model.validate("bidirectional_at", x, mask, window)[2].shape == ()
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

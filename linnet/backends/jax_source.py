@@ -12,8 +12,9 @@ its instantiation's sizes (`Linear_forward`) is written once for all of them.
 
 Every statement carries a `# file:line` comment.  A few std functions are replaced by the
 JAX function that computes the same thing (`jax.nn.gelu(approximate=False)` for the exact
-erf form, `jnp.take`, ...); attention and layer norm are emitted from their Linnet bodies,
-which are already the explicit jnp ops XLA fuses.
+erf form, `jnp.take`, ...); attention and windowed attention become helpers written once per
+module (`ATTENTION_HELPERS`, `WINDOWED_HELPERS`: the same jnp ops in chunks of queries on long
+inputs), and layer norm is emitted from its Linnet body, already the explicit jnp ops XLA fuses.
 """
 from __future__ import annotations
 
@@ -97,6 +98,64 @@ def _linnet_decided(comparison):
         return False
 """
 
+#: What generated code calling `std.nn.attention::windowed_attention` defines once, after
+#: `ATTENTION_HELPERS`.
+WINDOWED_HELPERS = f"""
+def _linnet_windowed_attention(q, k, v, scale, mask, window):
+    # std.nn.attention::windowed_attention: softmax(q k^T * scale + band + mask) v, the band
+    # {kernels.WINDOW_OUTSIDE} (std's OUTSIDE) at keys more than `window` positions from the query.  A
+    # window of S - 1 or more has no band: attention over the padding mask alone.  Otherwise
+    # {ATTENTION_CHUNK} queries at a time, each chunk reading only the keys within `window` of one of
+    # them (keys and values padded by `window` at both ends, those pads {kernels.WINDOW_OUTSIDE}), so no
+    # [S, S] scores or band exist.  The keys left out are ones the body gives weight exactly 0.
+    # A window known only at run time (a traced value) takes the body's [S, S] band.
+    S = q.shape[-2]
+    try:
+        w = int(window)
+    except jax.errors.ConcretizationTypeError:
+        w = None
+    if w is None or w < 0:
+        index = jnp.arange(S, dtype=jnp.int32)
+        outside = jnp.abs(index[:, None] - index[None, :]) > window
+        band = jnp.where(outside, {kernels.WINDOW_OUTSIDE}, 0.0).astype(q.dtype)
+        return _linnet_attention(q, k, v, scale, band + mask, True)
+
+    def whole():
+        return _linnet_attention(q, k, v, scale, mask, False)
+
+    def banded():
+        size = min(S, {ATTENTION_CHUNK}) if isinstance(S, int) else jax.core.min_dim(S, {ATTENTION_CHUNK})
+        span, axis = size + 2 * w, q.ndim - 2
+        pad = [(0, 0)] * axis + [(w, w), (0, 0)]
+        keys, values = jnp.pad(k, pad), jnp.pad(v, pad)
+        masks = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(w, w)], constant_values={kernels.WINDOW_OUTSIDE})
+        # Query start + r and padded key start + t (the key start - w + t): |r - t + w| > w is outside.
+        distance = jnp.abs(jnp.arange(size)[:, None] - jnp.arange(span)[None, :] + w)
+        band = jnp.where(distance > w, {kernels.WINDOW_OUTSIDE}, 0.0).astype(q.dtype)
+        steps = (jnp.asarray(S, jnp.int32) + size - 1) // size
+        out = jnp.zeros(q.shape[:-1] + v.shape[-1:], jnp.result_type(q, v))
+
+        def step(i, out):
+            start = jnp.minimum(i * size, S - size)  # the last chunk ends at S
+            qc = lax.dynamic_slice_in_dim(q, start, size, axis=axis)
+            kc = lax.dynamic_slice_in_dim(keys, start, span, axis=axis)
+            vc = lax.dynamic_slice_in_dim(values, start, span, axis=axis)
+            mc = lax.dynamic_slice_in_dim(masks, start, span, axis=masks.ndim - 1)
+            scores = (qc @ jnp.swapaxes(kc, -2, -1)) * scale + (band + mc)
+            rows = jax.nn.softmax(scores, axis=-1) @ vc
+            return lax.dynamic_update_slice_in_dim(out, rows.astype(out.dtype), start, axis=axis)
+
+        return lax.fori_loop(0, steps, step, out)
+
+    if isinstance(S, int):
+        return whole() if w >= S - 1 else banded()
+    # A symbolic S (jax.export): decided by the `where` clauses where they can, else a cond
+    # whose predicate is a constant once a call's shapes are known.
+    if _linnet_decided(lambda: w >= S - 1):
+        return whole()
+    return lax.cond(jnp.asarray(S) - 1 <= w, whole, banded)
+"""
+
 
 def _mask_rows(fn: ir.Function) -> bool:
     """Whether attention's mask (a param of fn) has a row per query: rank 2 or more and its
@@ -110,12 +169,24 @@ def _fused_attention(fn: ir.Function, args: list[str]) -> str:
     return f"_linnet_attention({q}, {k}, {v}, {scale}, {mask}, {_mask_rows(fn)})"
 
 
+def _fused_windowed_attention(fn: ir.Function, args: list[str]) -> str | None:
+    # As torch: only the specialisation whose queries are the keys' positions, row for row; a
+    # clone with fewer query rows (linnet.middle.rows) or packed inputs keeps the body.
+    types = [t for _, t in fn.params]
+    if len(types) != 6 or types[0].dims[2] != types[1].dims[2]:
+        return None
+    return f"_linnet_windowed_attention({', '.join(args)})"
+
+
 #: std function (checked key) -> template over the emitted parameter names.  Each computes
 #: exactly what the Linnet body does.  Attention is `_linnet_attention` (`ATTENTION_HELPERS`),
-#: its body in query chunks once Q passes `ATTENTION_ONE_PASS`; layer_norm is not here, its
-#: body is already plain jnp expressions, and jax has no fused layer norm to call.
-FUSED: dict[str, Callable[[ir.Function, list[str]], str]] = {
+#: its body in query chunks once Q passes `ATTENTION_ONE_PASS`; windowed attention is
+#: `_linnet_windowed_attention` (`WINDOWED_HELPERS`), the band of keys each chunk of queries
+#: can see; layer_norm is not here, its body is already plain jnp expressions, and jax has no
+#: fused layer norm to call.
+FUSED: dict[str, Callable[[ir.Function, list[str]], str | None]] = {
     kernels.ATTENTION: _fused_attention,
+    kernels.WINDOWED_ATTENTION: _fused_windowed_attention,
     kernels.GELU_ERF: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=False)",
     kernels.GELU_TANH: lambda fn, a: f"jax.nn.gelu({a[0]}, approximate=True)",
     kernels.RELU: lambda fn, a: f"jax.nn.relu({a[0]})",
@@ -240,7 +311,13 @@ def _emit_iota(w, e: ir.Op, scope: Scope):
 @EMISSIONS.register("cast")
 def _emit_cast(w, e: ir.Op, scope: Scope):
     if isinstance(e.args[0], ir.DimValue):
-        return f"jnp.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
+        dim, dtype = e.args[0].expr, e.attr("dtype")
+        if dtypes.by_name(dtype).kind == "int" and dim.free_symbols() <= scope.passes:
+            # Known when traced (constants and pass numbers only): a numpy value, not a traced
+            # one, so a helper can read it as a Python int (the window of windowed attention).
+            w.uses_numpy = True
+            return f"np.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(dtype)})", ATOM
+        return f"jnp.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(dtype)})", ATOM
     return f"{first_atom(w, e, scope)}.astype({jax_dtype(e.attr('dtype'))})", ATOM
 
 
@@ -289,6 +366,7 @@ class JaxEmitter(PyWriter):
 
     def __init__(self, program: ir.Program, fused: bool = True):
         self.program = program
+        self.uses_numpy = False  # set by an emission that writes a numpy value
         self.fused = fused
         blocks = program.blocks
         # Names are module-wide; folding is per block *source*, so the three Linear
@@ -314,21 +392,25 @@ class JaxEmitter(PyWriter):
 
     # ----------------------------------------------------------------- module
     def emit(self, title: str = "JAX functions") -> str:
-        files = sorted({f.span.file for f in self.program.functions.values()})
-        lines = header(self.program, title, files)
-        lines += ["# Pure functions: `params` is the block's slice of the parameter tree (nested dicts by",
-                  "# Linnet name, sub-block arrays as lists); dims are read from the inputs' shapes.",
-                  "", "import jax", "import jax.numpy as jnp", "from jax import lax", ""]
-        if self.dropping:
-            lines += DROPOUT_HELPERS.splitlines()
-        if self.fused and any(f.source == kernels.ATTENTION for f in self.program.functions.values()):
-            lines += ATTENTION_HELPERS.splitlines()
         handles: list[int] = []
         for fn_id in emission_order(self.program):
             fn = self.program.functions[fn_id]
             handle = self.namer.assign(fn, self._function(fn))
             if handle is not None:
                 handles.append(handle)
+        files = sorted({f.span.file for f in self.program.functions.values()})
+        lines = header(self.program, title, files)
+        lines += ["# Pure functions: `params` is the block's slice of the parameter tree (nested dicts by",
+                  "# Linnet name, sub-block arrays as lists); dims are read from the inputs' shapes.",
+                  "", "import jax", "import jax.numpy as jnp"] + (["import numpy as np"] if self.uses_numpy else [])
+        lines += ["from jax import lax", ""]
+        if self.dropping:
+            lines += DROPOUT_HELPERS.splitlines()
+        sources = {f.source for f in self.program.functions.values()} if self.fused else set()
+        if kernels.ATTENTION in sources or kernels.WINDOWED_ATTENTION in sources:
+            lines += ATTENTION_HELPERS.splitlines()
+        if kernels.WINDOWED_ATTENTION in sources:
+            lines += WINDOWED_HELPERS.splitlines()
         for handle in handles:
             lines += ["", self.namer.text(handle), ""]
         lines += ["", "#: Entry name -> function; each takes (params, *inputs) and is pure, so jax.jit and",
