@@ -504,7 +504,9 @@ class _Body:
             perm = attrs["perm"]
             sb = perm[a]
             attrs["perm"] = tuple(q - 1 if q > sb else q for i, q in enumerate(perm) if i != a + 1)
-        elif (ops.OPS[e.op].along_axis or e.op == "concat") and attrs["axis"] >= 0 and attrs["axis"] > a:
+        elif attrs.get("axis", -1) > a:
+            # Any op's `axis` attr (a reduction's, a scan's, concat's) counts the result's axes,
+            # which lose one after B where B and S merge; a negative one counts from the end.
             attrs["axis"] -= 1
         elif e.op == "index":
             items, sb = attrs["items"], self._index_source_axis(e, a)
