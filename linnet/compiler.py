@@ -14,6 +14,7 @@ from pathlib import Path
 from . import codes
 from .check import CheckedProgram, check
 from .diagnostics import Diagnostic, LinnetError, SourceMap, Span, error
+from .dims import MAX_DIM
 from .middle.instantiate import Instance, ValueOrigin, instantiate
 from .front.resolve import Program, display_path, load_file, load_package
 
@@ -107,9 +108,11 @@ def _bad_check_dims(dims: dict, entry_dims: dict[str, Span], origins: dict[str, 
     """An entry dim must be a non-negative integer (`--set S=x` would otherwise crash later)."""
     problems = []
     for name, value in dims.items():
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DIM:
             continue
         message = f"`{name}` is a dim and needs a non-negative integer, found {value!r}"
+        if isinstance(value, int) and value > MAX_DIM:
+            message = f"`{name}` = {value} is larger than a tensor dim can be ({MAX_DIM:,})"
         where = origins.get(name)
         if where is not None and where.span is None:
             span = entry_dims.get(name, origin)

@@ -117,6 +117,16 @@ def test_bad_values_are_errors_not_crashes(value):
     assert f"--set {value}" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["TypeVocab=100000000000000000000", "S=9223372036854775808"])
+def test_a_dim_past_64_bits_is_refused_by_name(value):
+    """Was (fuzz seed 11, cases 42943 and 69090): `TypeVocab = 10**20` with `D = 0` checked, and
+    its [10**20, 0] table then failed inside numpy, which stores dims as int64."""
+    result = linnet("check", "nest/bert-base-uncased", "--set", value)
+    assert result.returncode == 1, result.stderr
+    assert_no_traceback(result)
+    assert "error[E0503]" in result.stderr and "is larger than a tensor dim can be" in result.stderr
+
+
 def test_json_output_for_success():
     result = linnet("check", "nest/bert-base-uncased", "--format", "json")
     assert result.returncode == 0, result.stderr

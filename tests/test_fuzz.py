@@ -125,10 +125,11 @@ def test_a_constant_that_does_not_fit_its_dtype_is_E0330(workspace, targets):
     assert outcome.status == "error" and "E0330" in outcome.codes, outcome.detail
 
 
-def test_a_dim_too_large_for_the_float_it_is_cast_to_is_E0330(workspace, targets):
-    """Was: OverflowError from float() when `cast<T>(D / Heads)` met D = 10^400."""
+def test_a_dim_too_large_for_the_float_it_is_cast_to_is_refused(workspace, targets):
+    """Was: OverflowError from float() when `cast<T>(D / Heads)` met D = 10^400 (then E0330);
+    now the value itself is refused, as no tensor dim can pass 2^63 - 1."""
     outcome = run_bert(workspace, targets, manifest=("D = 16", "D = 1" + "0" * 400))
-    assert (outcome.status, outcome.codes) == ("error", ("E0330",)), outcome.detail
+    assert (outcome.status, outcome.codes) == ("error", ("E0503",)), outcome.detail
 
 
 @pytest.mark.parametrize("value", ["1" + "0" * 400, "1e999"])
@@ -145,11 +146,12 @@ def test_an_index_no_tensor_can_have_is_E0326(workspace, targets):
     assert (outcome.status, outcome.codes) == ("error", ("E0326",)), outcome.detail
 
 
-@pytest.mark.parametrize("layers", ["100000000000000000000", "1000000"])
-def test_an_enormous_sub_array_is_E0505_not_a_hang(workspace, targets, layers):
-    """Was: instantiation building 10^20 sub-blocks (the case never ended)."""
+@pytest.mark.parametrize("layers, code", [("100000000000000000000", "E0503"), ("1000000", "E0505")])
+def test_an_enormous_sub_array_is_an_error_not_a_hang(workspace, targets, layers, code):
+    """Was: instantiation building 10^20 sub-blocks (the case never ended).  10^20 is past any
+    dim (E0503); a million is a dim, but more sub-blocks than instantiation builds (E0505)."""
     outcome = run_bert(workspace, targets, manifest=("Layers = 2", f"Layers = {layers}"))
-    assert (outcome.status, outcome.codes) == ("error", ("E0505",)), outcome.detail
+    assert (outcome.status, outcome.codes) == ("error", (code,)), outcome.detail
 
 
 def test_an_empty_sub_array_is_E0505(workspace, targets):
@@ -219,6 +221,24 @@ def test_an_unclosed_brace_at_eof_is_located_as_the_parser_counts_lines(workspac
     assert not span_problems(caught.value, workspace.root)
 
 
+@pytest.mark.parametrize("data, col", [("隒".encode() + b"\xef", 2), (b"\xef\xbb\xbf" + "ŧё".encode() + b"\xc8", 3),
+                                       (b"fn\n  \xff", 3)])
+def test_an_undecodable_byte_is_located_by_characters(workspace, data, col):
+    """Was (seed 11, cases 11847 and 45323): the column of a byte that is not UTF-8 counted
+    bytes, so after a multi-byte character it pointed past the end of the line as shown."""
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+    from linnet.diagnostics import LinnetError
+
+    path = workspace.root / "golden" / "bytes.linnet"
+    path.write_bytes(data)
+    with pytest.raises(LinnetError) as caught:
+        compile_target(locate(path))
+    d = caught.value.diagnostics[0]
+    assert d.code == "E0003" and d.span.col == col and f"column {col}" in d.message
+    assert not span_problems(caught.value, workspace.root)
+
+
 
 @pytest.mark.parametrize("old, new, code", [
     # the default reading a later parameter, its own, and one of another type
@@ -277,3 +297,12 @@ def test_a_reused_syntax_tree_is_handed_out_as_parsed():
             assert _structure(again) == _structure(fresh), rel
     finally:
         ws.close()
+
+
+def test_a_byte_order_mark_is_not_source_text(workspace):
+    from linnet.cli.targets import locate
+    from linnet.compiler import compile_target
+
+    path = workspace.root / "golden" / "bom.linnet"
+    path.write_bytes(b"\xef\xbb\xbf" + b"fn f(x: Tensor[2; f32]) -> Tensor[2; f32] {\n    return x\n}\n")
+    assert compile_target(locate(path)).checked is not None

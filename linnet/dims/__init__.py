@@ -11,10 +11,10 @@ Two modules, by concern:
 
 `facts` imports `expr`, never the reverse. Import the public names from `linnet.dims`.
 """
-from .expr import Atom, DimError, DimExpr, FloorDiv, Mod, Sym, const, floordiv, mod, sym
+from .expr import MAX_DIM, Atom, DimError, DimExpr, FloorDiv, Mod, Sym, const, floordiv, mod, sym
 from .facts import COMPARISONS, Fact, Facts
 
 __all__ = [
     "DimError", "DimExpr", "Sym", "FloorDiv", "Mod", "Atom", "Fact", "Facts",
-    "const", "sym", "floordiv", "mod", "COMPARISONS",
+    "const", "sym", "floordiv", "mod", "COMPARISONS", "MAX_DIM",
 ]

@@ -54,6 +54,11 @@ from typing import Callable, Mapping, Union
 __all__ = ["DimError", "DimExpr", "Sym", "FloorDiv", "Mod", "Atom", "const", "sym", "floordiv", "mod"]
 
 
+#: The largest value a dim may take: every backend stores a tensor's dims as 64-bit signed
+#: integers (numpy, torch, ONNX's TensorShapeProto, XLA).
+MAX_DIM = 2**63 - 1
+
+
 class DimError(ValueError):
     """A dimension computation that has no value: division by zero, an unbound symbol."""
 

@@ -9,6 +9,7 @@ error messages they share; the grammar itself is in grammar.lark.
 """
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -602,12 +603,18 @@ def parse_file(path: Path, sources: SourceMap | None = None, display_name: str |
     except OSError as exc:
         raise LinnetError(Diagnostic(codes.UNREADABLE_SOURCE, f"cannot read {name}: {exc.strerror or exc}",
                                      Span(name, 1, 1, 1, 1)), sources) from None
+    # A byte-order mark (some Windows editors write one) is not source text; dropped first, so
+    # the decoder's positions count the source's own bytes.
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
     try:
-        # `utf-8-sig`: a byte-order mark (some Windows editors write one) is not source text.
-        text = data.decode("utf-8-sig")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        # A column counts characters, as every other span does (the bytes before the bad one
+        # decode, or the error would be there).
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        col = len(data[line_start:exc.start].decode("utf-8")) + 1
         raise LinnetError(Diagnostic(codes.UNREADABLE_SOURCE,
                                      f"{name} is not UTF-8 text: byte 0x{data[exc.start]:02x} at "
                                      f"line {line}, column {col} cannot be decoded", Span(name, line, col, line, col + 1),

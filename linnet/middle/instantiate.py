@@ -16,7 +16,7 @@ from .. import codes
 from ..check import BlockSig, CheckedProgram, FnSig, WhereClause
 from ..check.type_syntax import member_suggestion
 from ..diagnostics import Diagnostic, LinnetError, Note, Span
-from ..dims import DimError, DimExpr, const, sym
+from ..dims import MAX_DIM, DimError, DimExpr, const, sym
 from .params import ParamSpec
 from ..types import (DIM_KIND, DTYPE_KINDS, MEMBER_KINDS, REAL_KIND, Binding, Member, MemberVar, RealVar, SubArrayT, TensorT, Type, dims_only, dtype_kind_ok,
                     format_binding, substitute)
@@ -260,6 +260,10 @@ def _bind_root(block: BlockSig, values: dict[str, int | str], origin, checked,
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 errors.append(bad_value(g, f"`{g.name}` is a Dim and needs a non-negative integer, "
                                            f"found {value!r}"))
+                continue
+            if value > MAX_DIM:
+                errors.append(bad_value(g, f"`{g.name}` = {value} is larger than a tensor dim can be "
+                                           f"({MAX_DIM:,}, the largest 64-bit signed integer)"))
                 continue
             env[g.name] = const(value)
         elif g.kind in DTYPE_KINDS:
