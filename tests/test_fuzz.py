@@ -306,3 +306,15 @@ def test_a_byte_order_mark_is_not_source_text(workspace):
     path = workspace.root / "golden" / "bom.linnet"
     path.write_bytes(b"\xef\xbb\xbf" + b"fn f(x: Tensor[2; f32]) -> Tensor[2; f32] {\n    return x\n}\n")
     assert compile_target(locate(path)).checked is not None
+
+
+def test_a_deep_model_is_given_time_in_proportion_to_its_instances(workspace, targets):
+    """Was: "hang at emit-onnx" (seed 11, case 204411: `Layers = 1024`). Emission is linear in the
+    block instances, so a legal deep model outgrew the fixed per-case budget; the fuzzer now adds
+    time per instance once a case is lowered. 64 layers already take more than the fixed budget."""
+    from linnet.testing.fuzz import CASE_TIMEOUT_S
+
+    bert = next(t for t in targets if t.label == "bert")
+    files = {NEST_FILE: workspace.text(NEST_FILE).replace("Layers = 2", "Layers = 64").encode("utf-8")}
+    outcome = run_case(Case(0, bert, files), workspace, timeout=CASE_TIMEOUT_S)
+    assert outcome.status == "ok", f"{outcome.status} at {outcome.stage}: {outcome.detail}"

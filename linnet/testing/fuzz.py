@@ -55,6 +55,10 @@ from ..paths import std_dir, zoo_dir
 
 #: CPU seconds one case may run before it counts as a hang.
 CASE_TIMEOUT_S = 2.0
+#: Extra CPU seconds per block instance once a case is lowered: emission is linear in the
+#: instances (about 4 ms each for all emitters on Zen 4), so a legal 1,024-layer model is slow,
+#: not hung. A stage that grows faster than its program still runs out of time.
+EMIT_S_PER_INSTANCE = 0.01
 #: Programs with more parameter elements than this skip the ONNX graph (zero tensors cost memory).
 ONNX_MAX_PARAMS = 1_000_000
 #: Address-space limit of a fuzz worker process, so a runaway allocation is a MemoryError.
@@ -525,6 +529,7 @@ def emit_all(compiled, stage: list[str]) -> None:
 
     stage[0] = "lower"
     program = lower(compiled.instance)
+    _extend_budget(EMIT_S_PER_INSTANCE * len(program.instances()))
     for name, emit in (("torch", pytorch.emit), ("jax", jax_backend.emit)):
         for fused in (True, False):
             stage[0] = f"emit-{name}{'' if fused else '-unfused'}"
@@ -554,6 +559,13 @@ def emit_all(compiled, stage: list[str]) -> None:
                                             generics=compiled.generics):
             stage[0] = "onnx-checker"
             onnx.checker.check_model(model_file.model)
+
+
+def _extend_budget(seconds: float) -> None:
+    """Give the running case `seconds` more CPU time, if it runs under a timer at all."""
+    remaining, _ = signal.getitimer(signal.ITIMER_PROF)
+    if remaining > 0:
+        signal.setitimer(signal.ITIMER_PROF, remaining + seconds)
 
 
 def _have(module: str) -> bool:
