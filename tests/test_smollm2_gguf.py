@@ -38,9 +38,13 @@ from linnet.testing.smollm2 import gguf_path
 
 BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
 #: f32 logits bounds against transformers (the logits reach ~35; 30 layers of f32 sums).
-#: XLA:CPU sums its f32 products in another order than torch's and ONNX Runtime's kernels:
-#: against the same model run in f64 (2026-12-04), transformers' f32 logits are 6.2e-5 off,
-#: Linnet's torch 6.6e-5, JAX 1.5e-4 (on PROMPTS[0]; 1.41e-4 from transformers' f32).
+#: Against the same model run in f64 (PROMPTS[0], 2026-12-05, AMD EPYC Zen 4), transformers'
+#: f32 logits are 6.2e-5 off, Linnet's torch 6.6e-5 and JAX 1.28e-4 (1.37e-4 from
+#: transformers'). The JAX excess is XLA:CPU's YNNPACK dot fusions (on by default in jaxlib
+#: 0.10): their f32 products `x @ W.T` carry 2-3x the rounding error of Eigen's (mean relative
+#: error 4.8e-7 against 2.3e-7 at [18, 576] x [576, 1536]); compiled without them
+#: (`xla_cpu_experimental_ynn_fusion_type=""`) JAX is 6.9e-5 from f64 and 6.7e-5 from
+#: transformers, StableHLO 6.1e-5, but that call took 1.7x as long.
 BOUNDS = {"torch": 1e-4, "onnx": 1e-4, "jax": 2e-4, "stablehlo": 2e-4}
 #: SmolLM2's <|im_end|>, the id that ends a chat reply.
 END_OF_TURN = 2

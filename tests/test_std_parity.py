@@ -25,7 +25,7 @@ use std.nn.masks::{causal_mask, padding_mask, positions, sliding_window_mask}
 use std.nn.mlp::{GatedMlp}
 use std.nn.norm::{LayerNorm, RMSNorm}
 use std.nn.pooling::{ClsOrMean}
-use std.nn.rotary::{rope_half, rope_interleaved}
+use std.nn.rotary::{RotaryEmbedding, rope_half, rope_interleaved}
 
 pub block Parity<D: Dim, Inner: Dim, Heads: Dim, Half: Dim, Window: Dim, T: Float = f32, Eps: Real = 0.00001>
 where Heads > 0, D % Heads == 0 {
@@ -35,6 +35,7 @@ where Heads > 0, D % Heads == 0 {
     sub geglu: GatedMlp<D, Inner, T, gelu_erf>
     sub cls_pool: ClsOrMean<D, T, 0>
     sub mean_pool: ClsOrMean<D, T, 1>
+    sub rope: RotaryEmbedding<16, T, 1000000.0>
 
     pub entry layer_norm<B: Dim, S: Dim>(x: Tensor[B, S, D; T]) -> Tensor[B, S, D; T] {
         return ln.forward(x)
@@ -121,6 +122,10 @@ where Heads > 0, D % Heads == 0 {
 
     pub entry pool_mean<B: Dim, S: Dim>(x: Tensor[B, S, D; T], attention_mask: Tensor[B, S; i32]) -> Tensor[B, D; T] {
         return mean_pool.forward(x, attention_mask)
+    }
+
+    pub entry rotary_angles<B: Dim, S: Dim>(positions: Tensor[B, S; i32]) -> Tensor[B, S, 32; T] {
+        return rope.angles(positions)
     }
 
     pub entry position_ids<B: Dim, S: Dim>(attention_mask: Tensor[B, S; i32]) -> Tensor[B, S; i32] {
@@ -417,3 +422,23 @@ def test_llama_decoder_layer_in_std_terms_checks_in_under_150_lines():
                 "std.nn.rotary::rope_half", "std.nn.mlp::GatedMlp.forward", "std.nn.norm::RMSNorm.forward"):
         assert key in checked.functions, key
     assert len(path.read_text(encoding="utf-8").splitlines()) < 150
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx", "jax", "stablehlo"])
+def test_rotary_frequencies_are_computed_in_f64_as_the_source_says(entry, backend):
+    """`RotaryEmbedding.angles` computes inv_freq = Theta^(-2i/width) in f64 and rounds it once.
+    JAX computes f64 as f32 unless x64 is on, so the JAX source used to compute it in f32
+    (several ulps off at Theta = 10^6, which positions in the tens of thousands multiply); a
+    value no input reaches is now computed by numpy when traced, at the source's precision."""
+    from linnet import nest
+
+    folder, weights = entry
+    model = nest.load(folder, backend=backend, weights=weights)
+    positions = np.array([[0, 1, 2, 3, 4], [30000, 31000, 32000, 60000, 65000]], np.int32)
+    got = np.asarray(model.rotary_angles(positions))
+    inv_freq = (1.0 / np.power(1e6, np.arange(16) * 2.0 / 32)).astype(np.float32)  # f64, rounded once
+    angles = positions.astype(np.float32)[..., None] * inv_freq
+    expected = np.concatenate([angles, angles], -1)
+    ulps = np.abs(got - expected) / np.spacing(np.abs(expected).astype(np.float32))
+    print(f"\nrotary angles {backend}: worst {ulps.max():.3g} ulp")
+    assert got.dtype == np.float32 and ulps.max() <= 1.0

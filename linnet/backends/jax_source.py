@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import numpy as np
 from typing import Any, Callable, Mapping
 
 from .. import dtypes, kernels
 from ..middle import ir
 from ..diagnostics import InternalError
-from ..ops import Emissions
+from ..ops import OPS, Emissions
 from .pysource import (ATOM, OPERATORS, FunctionNamer, PyWriter, Scope, arg_texts, concat_parts, dropping_functions,
                        emission_order, first_atom, function_call, functions_reaching, header, py_dim, py_index_item,
                        py_name)
@@ -358,6 +360,89 @@ def _emit_unpack_rows(w, e: ir.Op, scope: Scope):
     return f"jnp.take(jnp.pad({x}, ({widths},)), {slots}, axis={axis})", ATOM
 
 
+# ------------------------------------------------------------ values known when traced
+#
+# JAX computes float64 and int64 as 32-bit unless the process enables x64, so a source that
+# asks for f64 (RoPE's inverse frequencies) would silently get f32.  A value that depends on
+# no input and no param -- constants, dims of constants and pass numbers, iota, casts,
+# reshapes and elementwise arithmetic over those -- is written with numpy instead: computed
+# once when traced, at the precision the source states, and a constant of the traced program.
+
+#: Ops a trace-time value may be made of besides the elementwise ones (not dropout: it reads
+#: the caller's key source).
+_TRACE_TIME_OPS = frozenset({"iota", "reshape", "cast"})
+_NUMPY_NAME = re.compile(r"\bnp\.(\w+)")
+
+
+def _loop_indexes(stmts) -> set[str]:
+    out: set[str] = set()
+    for stmt in stmts:
+        if isinstance(stmt, ir.Loop):
+            out |= ({stmt.index} if stmt.index is not None else set()) | _loop_indexes(stmt.body)
+    return out
+
+
+def _bindings(stmts):
+    for stmt in stmts:
+        if isinstance(stmt, ir.Loop):
+            yield from _bindings(stmt.body)
+        elif isinstance(stmt, (ir.Let, ir.Assign)):
+            yield stmt.name, stmt.value
+        elif isinstance(stmt, ir.Unpack):
+            for name in stmt.names:
+                yield name, None  # a call's result: traced
+
+
+def _known_dims(value, indexes: set[str]) -> bool:
+    if isinstance(value, tuple):
+        return all(_known_dims(v, indexes) for v in value)
+    return not hasattr(value, "free_symbols") or value.free_symbols() <= indexes
+
+
+def is_trace_time(e: ir.Expr, known: set[str], indexes: set[str]) -> bool:
+    """Whether `e` is known when the function is traced: built from constants, dims of constants
+    and pass numbers, and the locals in `known`, by ops numpy computes alike."""
+    if isinstance(e, ir.Scalar):
+        return True
+    if isinstance(e, ir.DimValue):
+        return e.expr.free_symbols() <= indexes
+    if isinstance(e, ir.Ref):
+        return e.name in known
+    if isinstance(e, ir.Op):
+        definition = OPS.get(e.op)
+        if definition is None or e.op == "dropout" or not (definition.elementwise or e.op in _TRACE_TIME_OPS):
+            return False
+        return (all(_known_dims(v, indexes) for _, v in e.attrs)
+                and all(is_trace_time(a, known, indexes) for a in e.args))
+    return False
+
+
+def trace_time_locals(fn: ir.Function) -> tuple[frozenset[str], frozenset[str]]:
+    """The locals of `fn` every binding of which is known when traced, and its pass numbers."""
+    indexes = _loop_indexes(fn.body)
+    bindings: dict[str, list] = {}
+    for name, value in _bindings(fn.body):
+        bindings.setdefault(name, []).append(value)
+    known: set[str] = set()
+    grew = True
+    while grew:  # a local is known once every value it is given is (the least fixed point)
+        grew = False
+        for name, values in bindings.items():
+            if name not in known and all(v is not None and is_trace_time(v, known, indexes) for v in values):
+                known.add(name)
+                grew = True
+    return frozenset(known), frozenset(indexes)
+
+
+def as_numpy(text: str) -> str | None:
+    """`text` with numpy in place of jax.numpy, or None where numpy lacks a name it calls or
+    the text calls jax or lax."""
+    if "jax." in text or "lax." in text or "_linnet" in text:
+        return None
+    text = re.sub(r"\bjnp\.", "np.", text)
+    return text if all(hasattr(np, name) for name in _NUMPY_NAME.findall(text)) else None
+
+
 class JaxEmitter(PyWriter):
     FUSED = FUSED
     receiver = PARAMS
@@ -380,6 +465,19 @@ class JaxEmitter(PyWriter):
 
     def _extra_params(self, fn: ir.Function) -> list[str]:
         return [f"{BUCKET}=None"] if fn.id in self.bucketed else []
+
+    def _function(self, fn: ir.Function) -> str:
+        self._known, self._indexes = trace_time_locals(fn)
+        return super()._function(fn)
+
+    def _op(self, e: ir.Op, scope: Scope) -> tuple[str, int]:
+        text, precedence = super()._op(e, scope)
+        if is_trace_time(e, self._known, self._indexes):
+            numpy_text = as_numpy(text)
+            if numpy_text is not None:
+                self.uses_numpy = True
+                return numpy_text, precedence
+        return text, precedence
 
     def _full(self, shape: str, value: int, dtype: str, like: str) -> str:
         return f"jnp.full({shape}, {value}, dtype={jax_dtype(dtype)})"
