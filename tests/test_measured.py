@@ -145,3 +145,17 @@ def test_a_child_that_finishes_gives_its_choice():
     outcome = run_child([sys.executable, "-c", script], {"n": "onednn"}, timeout=60)
     assert outcome.returncode == 0, outcome.stderr_tail
     assert outcome.choice() == {"name": "onednn", "speedup": 1.5} and outcome.messages[0] == {"compiling": "onednn"}
+
+
+ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\nprocessor\t: 1\n"
+ZEN5 = ZEN4.replace("cpu family\t: 25", "cpu family\t: 26").replace("model\t\t: 1", "model\t\t: 2")
+
+
+def test_the_machine_key_tells_cpu_generations_that_share_a_name():
+    """A cloud CPU's model name ("AMD EPYC") is the same for Zen 4 and Zen 5, whose kernels'
+    speeds differ; a decision cached on one must not be read on the other."""
+    from linnet.backends.measured import cpu_model
+
+    assert cpu_model(ZEN4) == "AMD EPYC (family 25, model 1)"
+    assert cpu_model(ZEN5) == "AMD EPYC (family 26, model 2)"
+    assert cpu_model("processor\t: 0\nmodel name\t: Apple M2\n") == "Apple M2"  # no family: the name

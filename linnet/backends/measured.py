@@ -47,14 +47,25 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU as the decisions depend on it: its model name, and on x86 its family and model
+    numbers, since a cloud machine's name ("AMD EPYC") is the same for Zen 4 (family 25) and
+    Zen 5 (family 26), whose kernels' speeds differ. `cpuinfo` is /proc/cpuinfo's text."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if not line.strip():
+            break  # the first processor's block says it for all
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def read_decisions(path: Path, machine: str) -> dict[str, dict]:
