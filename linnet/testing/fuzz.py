@@ -53,12 +53,8 @@ from pathlib import Path
 from ..diagnostics import InternalError, LinnetError, Span
 from ..paths import std_dir, zoo_dir
 
-#: CPU seconds one case may run before it counts as a hang.
-CASE_TIMEOUT_S = 2.0
-#: Extra CPU seconds per block instance once a case is lowered: emission is linear in the
-#: instances (about 4 ms each for all emitters on Zen 4), so a legal 1,024-layer model is slow,
-#: not hung. A stage that grows faster than its program still runs out of time.
-EMIT_S_PER_INSTANCE = 0.01
+#: CPU seconds one case may run before it counts as a hang, plus some per block instance once
+CASE_TIMEOUT_S, EMIT_S_PER_INSTANCE = 2.0, 0.01  # lowered (emission is linear in them, ~4 ms each)
 #: Programs with more parameter elements than this skip the ONNX graph (zero tensors cost memory).
 ONNX_MAX_PARAMS = 1_000_000
 #: Address-space limit of a fuzz worker process, so a runaway allocation is a MemoryError.
@@ -561,8 +557,7 @@ def emit_all(compiled, stage: list[str]) -> None:
             onnx.checker.check_model(model_file.model)
 
 
-def _extend_budget(seconds: float) -> None:
-    """Give the running case `seconds` more CPU time, if it runs under a timer at all."""
+def _extend_budget(seconds: float) -> None:  # more CPU time for the running case, if timed
     remaining, _ = signal.getitimer(signal.ITIMER_PROF)
     if remaining > 0:
         signal.setitimer(signal.ITIMER_PROF, remaining + seconds)
