@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import numpy as np
-from typing import Any, Callable, Mapping
 
 from .. import dtypes, kernels
 from ..middle import ir
@@ -313,13 +313,9 @@ def _emit_iota(w, e: ir.Op, scope: Scope):
 @EMISSIONS.register("cast")
 def _emit_cast(w, e: ir.Op, scope: Scope):
     if isinstance(e.args[0], ir.DimValue):
-        dim, dtype = e.args[0].expr, e.attr("dtype")
-        if dtypes.by_name(dtype).kind == "int" and dim.free_symbols() <= scope.passes:
-            # Known when traced (constants and pass numbers only): a numpy value, not a traced
-            # one, so a helper can read it as a Python int (the window of windowed attention).
-            w.uses_numpy = True
-            return f"np.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(dtype)})", ATOM
-        return f"jnp.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(dtype)})", ATOM
+        # Made of constants and pass numbers, it becomes a numpy value (`JaxEmitter._op`), which
+        # a helper can read as a Python int (the window of windowed attention).
+        return f"jnp.asarray({arg_texts(w, e, scope)[0]}, dtype={jax_dtype(e.attr('dtype'))})", ATOM
     return f"{first_atom(w, e, scope)}.astype({jax_dtype(e.attr('dtype'))})", ATOM
 
 

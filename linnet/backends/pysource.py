@@ -273,9 +273,6 @@ class Scope:
 
     fn: ir.Function
     loops: frozenset[str] = frozenset()
-    #: The pass numbers of the enclosing `static for`s (`for i, layer in enumerate(...)`):
-    #: Python ints when the code runs or is traced, as dims written over them are.
-    passes: frozenset[str] = frozenset()
 
 
 #: An op's emission in a Python emitter: (writer, op, scope) -> (text, precedence).
@@ -454,8 +451,7 @@ class PyWriter:
                     first = f", {stmt.start}" if stmt.start else ""
                     source, target = f"enumerate({source}{first})", f"{py_dim(sym(stmt.index))}, {target}"
                 out.append(f"{pad}for {target} in {source}:{where}")
-                passes = scope.passes | ({stmt.index} if stmt.index is not None else set())
-                out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}, passes), depth + 1)
+                out += self._stmts(stmt.body, Scope(scope.fn, scope.loops | {stmt.var}), depth + 1)
                 if collect is not None:
                     out.append(f"{pad}    {into}.append({var}){where}")
                     out.append(f"{pad}{into} = {self.STACK}({into}){where}")
