@@ -69,8 +69,9 @@ pub block class<torch: Dim, F: Dim, nn: Dim, T: Float> {{
     ) -> Tensor[B, S, nn; T] {{
         let import = take(self, print) + reshape(cast<T>(super), [B, S, 1])
         var __import__ = jnp.forward(eval(import))
-        static for exec in jax {{
-            __import__ = gelu_erf(exec.forward(__import__))
+        // A loop variable named `self` is a sub like any other, not the block itself.
+        static for self in jax {{
+            __import__ = gelu_erf(self.forward(__import__))
         }}
         return __import__
     }}

@@ -171,6 +171,15 @@ def test_the_fused_onnx_linear_falls_back_when_std_linear_is_not_the_shipped_one
     assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
 
 
+def test_a_sub_named_self_is_not_taken_for_the_block_itself(workspace, targets):
+    """Was: E0830 without a span from the ONNX emitter (seed 11, case 397,203): the IR marked a
+    sibling call with the receiver "self", so `self.forward` on a sub named `self` read as the
+    block's own method. tests/test_codegen_safety.py checks the numbers for a loop variable."""
+    outcome = run_bert(workspace, targets, source=[("sub embeddings:", "sub self:"),
+                                                   ("embeddings.", "self.")])
+    assert (outcome.status, outcome.stage) == ("ok", "onnx-checker"), outcome.detail
+
+
 def test_a_rank_0_param_emits_valid_torch_code(workspace, targets):
     """Was: `torch.empty(, dtype=...)` (SyntaxError) for `param bias: Tensor[; T]`."""
     outcome = run_bert(workspace, targets, std={"std/nn/linear.linnet": ("param bias: Tensor[Out; T]",

@@ -531,7 +531,7 @@ class JaxEmitter(PyWriter):
         if e.receiver is not None:
             # The callee's params: ours for a sibling method, a loop variable's element of a
             # sub array, else the sub-block's slice of our tree.
-            if e.receiver == "self":
+            if e.receiver == ir.SIBLING:
                 args.insert(0, PARAMS)
             elif e.receiver in scope.loops:
                 args.insert(0, py_name(e.receiver))

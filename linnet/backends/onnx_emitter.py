@@ -330,7 +330,7 @@ class GraphEmitter:
         raise unsupported(f"the sub-block `{member}` of {block.id}", frame.fn)
 
     def _callee_prefix(self, frame: _Frame, receiver: str | None) -> str:
-        if receiver is None or receiver == "self":
+        if receiver is None or receiver == ir.SIBLING:
             return frame.prefix
         if receiver in frame.loops:
             return frame.loops[receiver]

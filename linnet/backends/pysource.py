@@ -418,7 +418,7 @@ class PyWriter:
                 default = computed[name]
                 where = comment_text(f"{source_label(default.span.file)}:{default.span.line}")
                 call = ir.Call(default.function, tuple(ir.Ref(a, types[a]) for a in default.args), t,
-                               default.span.line, "self" if fn.block else None)
+                               default.span.line, ir.SIBLING if fn.block else None)
                 lines += [f"    if {py_name(name)} is None:  # {comment_text(f'{name} = {default.text}')}",
                           f"        {py_name(name)} = {self._call(call, Scope(fn))}  # {where}"]
             elif name in fills:

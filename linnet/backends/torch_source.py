@@ -373,9 +373,9 @@ class TorchEmitter(PyWriter):
         name = self.namer.names[e.function]
         if e.receiver is None:
             return f"{name}({args})"
-        target = "self" if e.receiver == "self" else (
+        target = "self" if e.receiver == ir.SIBLING else (
             py_name(e.receiver) if e.receiver in scope.loops else self._member(e.receiver, "_modules"))
-        if name == "forward" and e.receiver != "self":
+        if name == "forward" and e.receiver != ir.SIBLING:
             return f"{target}({args})"  # nn.Module.__call__ runs forward
         return f"{target}.{name}({args})"
 

@@ -118,11 +118,16 @@ class Op:
         return dict(self.attrs).get(name, default)
 
 
+#: The receiver of a call of a sibling function. No source name can be spelled this way, so
+#: a sub or loop variable named `self` is never taken for the block itself.
+SIBLING = "<sibling>"
+
+
 @dataclass(frozen=True)
 class Call:
     """A call of another lowered function.
 
-    `receiver` is None for a free function, "self" for a sibling function of the same
+    `receiver` is None for a free function, `SIBLING` for a sibling function of the same
     block, or the sub member (or static-for loop variable) whose function is called.
     """
 

@@ -463,7 +463,7 @@ class Lowerer:
         if info.kind == "prim":
             return self._prim(node, info, scope)
         block = scope.block if info.kind == "self" else None
-        return self._call(node, info, scope, block, "self" if info.kind == "self" else None)
+        return self._call(node, info, scope, block, ir.SIBLING if info.kind == "self" else None)
 
     def _lower_methodcall(self, node: ast.MethodCall, scope: _Scope) -> ir.Expr:
         info = self.checked.calls[id(node)]

@@ -636,7 +636,7 @@ def _install(program: ir.Program, entry: ir.Entry, packer: _Packer) -> None:
     args = tuple(ir.Ref(n, t) for n, t in fn.params)
     if needs:
         args += (ir.Ref(rows, packer.rows_type), ir.Ref(slots, packer.slots_type))
-    body.append(ir.Return(ir.Call(packed_id, args, fn.result, line, "self" if fn.block else None), line))
+    body.append(ir.Return(ir.Call(packed_id, args, fn.result, line, ir.SIBLING if fn.block else None), line))
     kept = "".join(f" or at position {p}" for p in sorted(packer.positions))
     notes = [f"packing (linnet.middle.packing): per-token work runs on the {packer.tokens} positions where "
              f"{mask} != 0{kept}, as [{packer.tokens}, ...]; attention sees [B, S, ...] (unpacked per call)"]
