@@ -336,7 +336,8 @@ TRITON_RAGGED_UNSUPPORTED: Final = _register("E0846", "triton-ragged-unsupported
     "token (`hidden_states`, `attentions`), inputs that are not `[B, S]` tokens, or not the onnxruntime "
     "runtime with batching")
 TRITON_SEVERAL_RESULTS: Final = _register("E0847", "triton-several-results", "triton",
-    "an entry with several results (`-> (A, B)`), which Triton export does not serve yet")
+    "an entry with several results (`-> (A, B)`), which Triton export did not serve",
+    reserved="served since: each result is an output of its own, named as in the ONNX graph")
 
 # -- manifest: nest.toml and linnet.toml (nest/manifest.py)
 UNKNOWN_ZOO_ENTRY: Final = _register("E0901", "unknown-zoo-entry", "manifest",

@@ -32,6 +32,13 @@ pub block Model<D: Dim> {
     sub pair: Pair<D>
     param bias: Tensor[D; f32]
     pub use pair.split
+    // `then` over several results: `shift` takes one input per result, here named `result_0`
+    // like the local the expansion would pick first.
+    pub use pair.{split as shifted} then shift
+    fn shift<B: Dim, S: Dim>(result_0: Tensor[B, S, D; f32], sums: Tensor[B, S, 1; f32])
+        -> (moved: Tensor[B, S, D; f32], sums: Tensor[B, S, 1; f32]) {
+        return (result_0 - bias, sums)
+    }
     pub entry forward<B: Dim, S: Dim>(x: Tensor[B, S, D; f32]) -> (out: Tensor[B, S, D; f32], totals: Tensor[B, S; f32]) {
         let (projected, summed) = pair.both(x)
         return (projected + bias, summed[:, :, 0] - 1.0)
@@ -120,6 +127,11 @@ def test_each_backend_returns_every_result(pairs, backend):
     assert type(split) is tuple and len(split) == 2
     np.testing.assert_allclose(np.asarray(split[0]), projected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(split[1]), summed, rtol=1e-5, atol=1e-5)
+    # `then` over them: both pass through `shift`, whose results are named.
+    shifted = model.shifted(x)
+    assert shifted._fields == ("moved", "sums")
+    np.testing.assert_allclose(np.asarray(shifted.moved), projected - pairs[2]["bias"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(shifted.sums), summed, rtol=1e-5, atol=1e-5)
 
 
 def test_the_exports_have_one_output_per_result(pairs):
@@ -129,7 +141,8 @@ def test_the_exports_have_one_output_per_result(pairs):
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
     assert outputs == {"forward.out": ["B", "S", 4], "forward.totals": ["B", "S"],
-                       "split.0": ["B", "S", 4], "split.1": ["B", "S", 1]}
+                       "split.0": ["B", "S", 4], "split.1": ["B", "S", 1],
+                       "shifted.moved": ["B", "S", 4], "shifted.sums": ["B", "S", 1]}
     signature = _model(pairs, "stablehlo").runtime.signature
     assert [r["name"] for r in signature["entries"]["forward"]["results"]] == ["forward.out", "forward.totals"]
     assert [r["dims"] for r in signature["entries"]["split"]["results"]] == [["B", "S", 4], ["B", "S", 1]]
@@ -142,26 +155,52 @@ def test_the_signature_shows_every_result(pairs):
     assert model.signature("split").endswith("-> (Tensor[B, S, 4; f32], Tensor[B, S, 1; f32])")
 
 
-def test_triton_export_refuses_an_entry_with_several_results(pairs):
-    from linnet.serving.triton import triton_io
+@pytest.mark.parametrize("runtime", ["onnxruntime", "python"])
+def test_triton_serves_each_result_as_an_output(pairs, tmp_path, runtime):
+    """Each result of an entry is a Triton output of its own, named as in the ONNX graph, and
+    the exported graphs and configs declare exactly those outputs."""
+    import onnx
 
-    ctx, _ = nest.prepare(pairs[0], need_weights=False)
-    with pytest.raises(LinnetError) as info:
-        triton_io(ctx)
-    assert info.value.code == codes.TRITON_SEVERAL_RESULTS and "`forward` returns several results" in str(info.value)
+    from test_triton import parse_config
+
+    from linnet.serving.triton import export_triton, triton_io
+
+    ctx, _ = nest.prepare(pairs[0], weights=pairs[1])
+    names = ["forward.out", "forward.totals", "split.0", "split.1", "shifted.moved", "shifted.sums"]
+    io = triton_io(ctx)
+    assert [(o.entry, o.name, o.dims) for o in io.outputs] == [
+        ("forward", "forward.out", ("B", "S", "4")), ("forward", "forward.totals", ("B", "S")),
+        ("split", "split.0", ("B", "S", "4")), ("split", "split.1", ("B", "S", "1")),
+        ("shifted", "shifted.moved", ("B", "S", "4")), ("shifted", "shifted.sums", ("B", "S", "1"))]
+    folder = export_triton(ctx, tmp_path / "repo", runtime=runtime)
+    if runtime == "python":
+        config = parse_config((folder / "config.pbtxt").read_text())
+        graph = onnx.load(str(folder / "1" / "model.onnx"), load_external_data=False).graph
+        assert [o.name for o in config.output] == [o.name for o in graph.output] == names
+    else:
+        for name in names:
+            step = folder.parent / f"{folder.name}.{name}"
+            config = parse_config((step / "config.pbtxt").read_text())
+            graph = onnx.load(str(step / "1" / "model.onnx"), load_external_data=False).graph
+            assert [o.name for o in config.output] == [o.name for o in graph.output] == [name]
 
 
-def test_then_over_several_results_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize("then, message", [
+    ("fn first<B: Dim, S: Dim>(x: Tensor[B, S, D; f32]) -> Tensor[B, S, D; f32] {\n        return x\n    }",
+     "`first` takes 1 input; `then` needs a function of 2 inputs, one per result of `split`,"),
+    ("fn first<B: Dim, S: Dim>(x: Tensor[B, S, D; f32], y: Tensor[B, S; f32]) -> Tensor[B, S, D; f32] {\n"
+     "        return x\n    }",
+     "`split`'s result 1 does not fit `first`'s input `y`: it has 3 dims, the input 2"),
+])
+def test_then_over_several_results_needs_one_fitting_input_per_result(tmp_path, then, message):
     from linnet.front.resolve import load_file
 
     path = tmp_path / "m.linnet"
-    path.write_text(SOURCE.replace("pub use pair.split", """pub use pair.split then first
-    fn first<B: Dim, S: Dim>(x: Tensor[B, S, D; f32]) -> Tensor[B, S, D; f32] {
-        return x
-    }"""), encoding="utf-8")
+    path.write_text(SOURCE.replace("pub use pair.split\n", f"pub use pair.split then first\n    {then}\n"),
+                    encoding="utf-8")
     with pytest.raises(LinnetError) as info:
         load_file(path)
-    assert info.value.code == codes.DELEGATION_THEN_MISMATCH and "both must be plain tensor types" in str(info.value)
+    assert info.value.code == codes.DELEGATION_THEN_MISMATCH and message in str(info.value), str(info.value)
 
 
 def test_the_generated_python_unpacks_and_returns_tuples(pairs):

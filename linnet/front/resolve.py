@@ -321,22 +321,31 @@ class _Delegations:
                                           [ast.Name(p.name, d.callee_span) for p in callee.params],
                                           span, d.callee_span)
         result_type = copy(callee.result)
+        body: list = []
         if d.then is not None:
             lifted = self._then(block, d, result_type)
             if lifted is None:
                 return None
+            if isinstance(result_type, ast.TupleTypeNode):
+                # Several results: `let (r0, r1) = field.entry(...)`, then `f(r0, r1)`.
+                locals_ = _fresh_names([p.name for p in callee.params], len(result_type.items))
+                body.append(ast.Destructure(locals_, [d.then_span] * len(locals_), result, span))
+                result = ast.Call(d.then, [], [ast.Name(n, d.then_span) for n in locals_], span, d.then_span)
+            else:
+                result = ast.Call(d.then, [], [result], span, d.then_span)
             result_type = lifted
-            result = ast.Call(d.then, [], [result], span, d.then_span)
+        body.append(ast.Return(result, span))
         return ast.Function(d.name, d.public, callee.is_entry, copy(callee.generics), copy(callee.params),
-                            result_type, copy(callee.where), [ast.Return(result, span)], span, d.name_span,
-                            callee.doc)
+                            result_type, copy(callee.where), body, span, d.name_span, callee.doc)
 
     def _then(self, block: ast.Block, d: ast.Delegate, delegated: ast.TypeNode | None) -> ast.TypeNode | None:
         """The result of `then f` over the delegated entry's result `delegated`, or None (reported).
 
-        `f` is one of the block's own functions with one tensor input; its generics are read off
-        that input against `delegated` dim by dim, and its declared result, with them put in, is
-        the lifted entry's result.  The checker then checks the call `f(field.entry(...))` itself.
+        `f` is one of the block's own functions with one tensor input per result of the entry
+        (several results are passed as several inputs, in order); its generics are read off those
+        inputs against the results dim by dim, and its declared result, with them put in, is
+        the lifted entry's result.  The checker then checks the call `f(field.entry(...))` (or
+        `f(r0, r1)` after `let (r0, r1) = field.entry(...)`) itself.
         """
         then = next((f for f in block.functions if f.name == d.then), None)
         if then is None:
@@ -344,16 +353,22 @@ class _Delegations:
             self._bad(d.then_span, f"block `{block.name}` has no function `{d.then}` to pass `{d.callee}`'s "
                       "result through", f"its functions: {names}")
             return None
-        if len(then.params) != 1 or then.result is None:
-            self._then_mismatch(d, then, f"`{then.name}` takes {len(then.params)} inputs"
+        results = delegated.items if isinstance(delegated, ast.TupleTypeNode) else [delegated]
+        if len(then.params) != len(results) or then.result is None:
+            wanted = "one input" if len(results) == 1 else f"{len(results)} inputs, one per result of `{d.callee}`,"
+            self._then_mismatch(d, then, f"`{then.name}` takes {len(then.params)} input{'' if len(then.params) == 1 else 's'}"
                                 + ("" if then.result is not None else " and declares no result")
-                                + "; `then` needs a function of one input with a declared result")
+                                + f"; `then` needs a function of {wanted} with a declared result")
             return None
-        bindings = _bind_generics(then.generics, then.params[0].type, delegated)
-        if isinstance(bindings, str):
-            self._then_mismatch(d, then, f"`{d.callee}`'s result does not fit `{then.name}`'s input "
-                                f"`{then.params[0].name}`: {bindings}")
-            return None
+        bindings: dict = {}
+        for index, (param, given) in enumerate(zip(then.params, results)):
+            found = _bind_generics(then.generics, param.type, given, bindings)
+            if isinstance(found, str):
+                which = "result" if len(results) == 1 else f"result {index}"
+                self._then_mismatch(d, then, f"`{d.callee}`'s {which} does not fit `{then.name}`'s input "
+                                    f"`{param.name}`: {found}")
+                return None
+            bindings = found
         unbound = [g.name for g in then.generics if g.name not in bindings]
         if unbound:
             self._then_mismatch(d, then, f"`{then.name}`'s generic{'s' if len(unbound) > 1 else ''} "
@@ -371,8 +386,21 @@ class _Delegations:
         self.errors.append(Diagnostic(codes.BAD_DELEGATION, message, span, notes))
 
 
-def _bind_generics(generics: list[ast.GenericParam], pattern, given) -> "dict | str":
-    """`pattern`'s generic names matched against the type `given`: name -> node, or why they do not fit."""
+def _fresh_names(taken: list[str], count: int) -> list[str]:
+    """`count` local names, none of them in `taken` (the delegated entry's inputs)."""
+    names, index = [], 0
+    while len(names) < count:
+        name = f"result_{index}"
+        while name in taken:
+            name += "_"
+        names.append(name)
+        index += 1
+    return names
+
+
+def _bind_generics(generics: list[ast.GenericParam], pattern, given, known: dict | None = None) -> "dict | str":
+    """`pattern`'s generic names matched against the type `given`, on top of the bindings
+    `known`: name -> node, or why they do not fit."""
     names = {g.name for g in generics}
     if not isinstance(pattern, ast.TensorTypeNode) or not isinstance(given, ast.TensorTypeNode):
         return "both must be plain tensor types"
@@ -380,7 +408,7 @@ def _bind_generics(generics: list[ast.GenericParam], pattern, given) -> "dict | 
         return "a variadic shape cannot be matched here"
     if len(pattern.dims) != len(given.dims):
         return f"it has {len(given.dims)} dims, the input {len(pattern.dims)}"
-    bindings: dict = {}
+    bindings: dict = dict(known or {})
     pairs = [*zip(pattern.dims, given.dims), (pattern.dtype, given.dtype)]
     for want, got in pairs:
         if isinstance(want, (ast.DimName, ast.NamedTypeNode)) and want.name in names:

@@ -689,7 +689,8 @@ def _onnxruntime_layout(staging: Path, graphs: Path, io: TritonIO, options: Serv
         version = staging / output_model_name(io, output.name) / "1"
         version.mkdir(parents=True)
         shutil.move(str(graphs / f"model.{output.name}.onnx"), version / "model.onnx")
-        _share(graphs / WEIGHTS_FILE, version / WEIGHTS_FILE)
+        if (graphs / WEIGHTS_FILE).exists():  # none where every tensor is small enough to stay inline
+            _share(graphs / WEIGHTS_FILE, version / WEIGHTS_FILE)
         if io.ragged:
             _check_ragged_onnx(io, output, version / "model.onnx")
             if per_token(io, output):

@@ -63,7 +63,8 @@ def _dims(t: ir.TensorType) -> tuple[str, ...]:
 def triton_io(ctx, entries=None) -> TritonIO:
     """The inputs and outputs of the Triton model for `ctx` (a `LoadContext`), from its program.
 
-    Every entry becomes one output; the entries must take the same inputs, since they are
+    Every entry becomes one output (one per result where it has several, named as its ONNX
+    graph names them); the entries must take the same inputs, since they are
     served by one graph.  `entries` (names of entries or of their outputs) keeps only those;
     without it, those `_served_by_default`: the losses (whose labels an inference client does
     not have), the entries for transformers' other inputs (`position_ids`, `inputs_embeds`,
@@ -74,13 +75,6 @@ def triton_io(ctx, entries=None) -> TritonIO:
     chosen = _chosen_entries(ctx, program, entries)
     if not chosen:
         raise _error(codes.TRITON_INCOMPATIBLE_ENTRIES, f"{ctx.name} has no entries to serve")
-    several = [e.name for e in chosen if isinstance(e.result, ir.TupleType)]
-    if several:
-        raise _error(codes.TRITON_SEVERAL_RESULTS,
-                     f"{ctx.name}: entry `{several[0]}` returns several results, "
-                     f"{chosen[[e.name for e in chosen].index(several[0])].result}; Triton export serves an "
-                     "entry with one result only", "serve the other entries with `entries=`, or run it with "
-                     "nest.load, whose backends return each result")
     first = chosen[0]
     inputs = tuple(Input(n, t.dtype, _dims(t), first.defaults.get(n)) for n, t in first.inputs)
     outputs = []
@@ -92,8 +86,10 @@ def triton_io(ctx, entries=None) -> TritonIO:
                          f"({', '.join(f'{i.name}: {i.dims}' for i in inputs)} vs "
                          f"{', '.join(f'{i.name}: {i.dims}' for i in mine)}), so one Triton model cannot serve both")
         bounds = {name: b.rows for name, b in index_bounds(program, entry).items()}
-        outputs.append(Output(ctx.output_name(entry.name), entry.result.dtype, _dims(entry.result), entry.name,
-                              tuple((str(l), op, str(r)) for l, op, r, _ in entry.preconditions), bounds))
+        checks = tuple((str(l), op, str(r)) for l, op, r, _ in entry.preconditions)
+        # Several results: an output each, named as the ONNX graph names them (`ir.output_names`).
+        for name, t in zip(ir.output_names(entry, ctx.output_name(entry.name)), ir.result_types(entry.result)):
+            outputs.append(Output(name, t.dtype, _dims(t), entry.name, checks, bounds))
     names = [t.name for t in (*inputs, *outputs)]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
@@ -203,8 +199,5 @@ def _served_by_default(entry: ir.Entry, first: ir.Entry) -> bool:
     which batches along B like the others but is a diagnostic no client should pay for by
     default.  Any entry is served when `entries` names it."""
     lead = first.inputs[0][1].dims[0] if first.inputs and first.inputs[0][1].dims else None
-    if isinstance(entry.result, ir.TupleType):
-        return entry is first  # several results: refused by name (`triton_io`) unless left out
-    dims = entry.result.dims
-    return (entry.inputs == first.inputs and lead is not None and bool(dims) and str(dims[0]) == str(lead)
-            and not ir.pairwise_result(entry))
+    led = all(t.dims and str(t.dims[0]) == str(lead) for t in ir.result_types(entry.result))
+    return entry.inputs == first.inputs and lead is not None and led and not ir.pairwise_result(entry)
