@@ -18,8 +18,8 @@ fixed order, so drift of the machine hits all alike), medians over rounds:
 
 * prefill: one prompt of `--seq` tokens to the first new token's scores and the cache
   (transformers: the model's forward with `use_cache=True, logits_to_keep=1`, what its
-  generate runs first; Linnet: the steps `generate` runs, `prefill` and `next_logits`, or the
-  ONNX Runtime decoder graph), median of `--prefill-iters` calls;
+  generate runs first; Linnet: the step `generate` runs first, the `prefill` entry (scores and
+  cache in one call) or the ONNX Runtime decoder graph), median of `--prefill-iters` calls;
 * decode: greedy generate of `--new-tokens` tokens (no early stop) from the same prompt;
   decode tokens/s = (new tokens - 1) / (generate's time - that method's prefill median).
 

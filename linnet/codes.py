@@ -468,7 +468,7 @@ BAD_TOKENIZER_INPUT: Final = _register("E1204", "bad-tokenizer-input", "tokenize
 # -- cli: the `linnet` command's own checks (cli/run.py)
 TASK_UNAVAILABLE: Final = _register("E1301", "task-unavailable", "cli",
     "`linnet run --task T`: the model lacks the entry that task needs (`mlm`, `embed`, `logits`, "
-    "`pool`, an `[image]` table for classify-image, `prefill`/`decode`/`next_logits` for generate), or fill-mask was asked with no `[MASK]` in any text")
+    "`pool`, an `[image]` table for classify-image, `prefill`/`decode` for generate), or fill-mask was asked with no `[MASK]` in any text")
 EMBED_BAD_INPUT: Final = _register("E1302", "embed-bad-input", "cli",
     "`linnet embed` / `nest.bulk`: the input is not a .txt, .jsonl or .parquet file, a line is not a "
     "JSON object, the text column is missing, or a text is not a string")

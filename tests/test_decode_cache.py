@@ -77,7 +77,7 @@ def _batch(vocab: int, lengths=(9, 6)):
 @pytest.mark.parametrize("which", ["gpt2", "llama"])
 def test_generate_writes_the_cache_in_place_without_a_per_step_copy(request, which):
     model = request.getfixturevalue(which)
-    vocab = model.program.entries["next_logits"].result.dims[1].as_int()
+    vocab = model.program.entries["decode"].result.items[0].dims[1].as_int()
     tokens, mask = _batch(vocab)
     new = 24
     steps = model.runtime.cache_buffer_steps(tokens.shape[1] + new)
@@ -111,7 +111,7 @@ def test_generate_writes_the_cache_in_place_without_a_per_step_copy(request, whi
 @pytest.mark.parametrize("which", ["gpt2", "llama"])
 def test_generate_leaves_no_buffer_registered_and_matches_the_entries(request, which):
     model = request.getfixturevalue(which)
-    vocab = model.program.entries["next_logits"].result.dims[1].as_int()
+    vocab = model.program.entries["decode"].result.items[0].dims[1].as_int()
     tokens, mask = _batch(vocab)
     out = model.generate(tokens, 12, attention_mask=mask)
     assert getattr(model.runtime.module, BUFFERS) == {}

@@ -183,14 +183,16 @@ def test_decode_after_prefill_equals_a_full_recompute_at_every_step(tiny):
     model = load_tiny(tiny, "torch")
     tokens, mask, _ = left_padded([6, 2], seed=4)
     rng = np.random.default_rng(5)
-    cache = model.prefill(tokens, attention_mask=mask)
-    assert tuple(cache.shape) == (TINY["n_layer"] + 1, 2, 2, TINY["n_head"], 6, TINY["n_embd"] // TINY["n_head"])
+    logits, cache = model.prefill(tokens, attention_mask=mask)
+    assert tuple(cache.shape) == (TINY["n_layer"], 2, 2, TINY["n_head"], 6, TINY["n_embd"] // TINY["n_head"])
     for step in range(8):
         full = np.asarray(model(tokens, attention_mask=mask))[:, -1]
-        assert np.abs(np.asarray(model.next_logits(cache)) - full).max() < BOUND, step
+        assert np.abs(np.asarray(logits) - full).max() < BOUND, step
         token = rng.integers(0, TINY["vocab_size"], (2, 1))
         tokens, mask = np.concatenate([tokens, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
-        cache = model.decode(token, cache, attention_mask=mask)
+        result = model.decode(token, cache, attention_mask=mask)
+        assert result._fields == ("logits", "cache")
+        logits, cache = result
         assert cache.shape[4] == tokens.shape[1]
 
 
@@ -242,12 +244,12 @@ def test_ids_outside_the_vocabulary_are_refused(tiny, monkeypatch):
 
 def test_a_cache_of_the_wrong_shape_is_refused(tiny, monkeypatch):
     model = load_tiny(tiny, "torch")
-    good = np.zeros((TINY["n_layer"] + 1, 2, 1, TINY["n_head"], 5, 8), np.float32)
+    good = np.zeros((TINY["n_layer"], 2, 1, TINY["n_head"], 5, 8), np.float32)
     monkeypatch.setattr(model.runtime, "run", lambda *a: pytest.fail("ran before refusing"))
     wrong_heads = good[:, :, :, :3]
     for cache, token, mask, says in [
         (wrong_heads, [[1]], np.ones((1, 6)), "`cache` axis 3 must be 4"),
-        (good[:2], [[1]], np.ones((1, 6)), "`cache` axis 0 must be 3"),
+        (good[:1], [[1]], np.ones((1, 6)), f"`cache` axis 0 must be {TINY['n_layer']}"),
         (good, [[1]], np.ones((1, 5)), "`attention_mask` axis 1"),
     ]:
         with pytest.raises(Exception) as caught:

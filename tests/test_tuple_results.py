@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from test_triton import triton_tools  # noqa: F401 - the session's provisioned tools (a fixture)
 
 from linnet import codes, nest
 from linnet.diagnostics import LinnetError
@@ -240,3 +241,42 @@ def test_verify_holds_several_results_to_return_and_unpack(pairs):
     forward.body[0] = ir.Let("projected", unpack.value, unpack.line)  # a tuple bound to one name
     with pytest.raises(InternalError, match="several results bound to one name"):
         ir.verify(program)
+
+
+@pytest.fixture(scope="module", params=["onnxruntime", "python"])
+def pairs_server(request, pairs, tmp_path_factory, triton_tools):  # noqa: F811 - the imported fixture
+    """The entry's default export, both layouts, on a real tritonserver."""
+    from linnet.serving.triton import export_triton
+    from linnet.testing.triton_server import ServerError, TritonServer
+
+    root = tmp_path_factory.mktemp(f"triton-pairs-{request.param}")
+    ctx, _ = nest.prepare(pairs[0], weights=pairs[1])
+    export_triton(ctx, root / "repo", runtime=request.param)
+    server = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
+    try:
+        server.start()
+    except ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+def test_a_served_entry_returns_each_result(pairs, pairs_server):
+    from tritonclient import http
+
+    x = np.random.default_rng(11).standard_normal((2, 3, 4)).astype(np.float32)
+    names = ["forward.out", "forward.totals", "split.0", "split.1", "shifted.moved", "shifted.sums"]
+    client = http.InferenceServerClient(pairs_server.http_url)
+    try:
+        tensor = http.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        got = client.infer("pairs", [tensor], outputs=[http.InferRequestedOutput(n) for n in names])
+        # Only what is asked for comes back.
+        one = client.infer("pairs", [tensor], outputs=[http.InferRequestedOutput("split.1")])
+    finally:
+        client.close()
+    (out, totals), (projected, summed) = _expected(x, pairs[2])
+    want = [out, totals, projected, summed, projected - pairs[2]["bias"], summed]
+    for name, expected in zip(names, want):
+        np.testing.assert_allclose(got.as_numpy(name), expected, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert one.as_numpy("split.1").shape == (2, 3, 1) and one.as_numpy("split.0") is None

@@ -110,24 +110,24 @@ class JaxRuntime:
     def cache_buffer_steps(self, total: int):
         """generate's steps on one fixed-size cache updated in place (`JaxRingSteps`), or None
         for a source without the decoder entries."""
-        if not all(e in self._entries for e in ("prefill", "decode", "next_logits")):
+        if not all(e in self._entries for e in ("prefill", "decode")):
             return None
         return JaxRingSteps(self, total)
 
     def ring_step(self):
-        """`decode` then `next_logits` as one jitted function whose cache argument is donated:
+        """`decode` as one jitted function whose cache argument is donated:
         (params, token, ring, mask, slot) -> (ring with the new position at `slot`, scores)."""
         if getattr(self, "_ring_step", None) is None:
             import jax
             from jax import lax
 
-            decode, next_logits = self.module.ENTRIES["decode"], self.module.ENTRIES["next_logits"]
+            decode = self.module.ENTRIES["decode"]
 
             def step(params, token, ring, mask, slot):
-                grown = decode(params, token, ring, mask)  # [..., W + 1, Dh]: only its last position is kept,
-                axis = grown.ndim - 2                      # so XLA drops the concatenation that grew it
+                logits, grown = decode(params, token, ring, mask)  # [..., W + 1, Dh]: only its last
+                axis = grown.ndim - 2  # position is kept, so XLA drops the concatenation that grew it
                 column = lax.slice_in_dim(grown, grown.shape[axis] - 1, grown.shape[axis], axis=axis)
-                return lax.dynamic_update_slice_in_dim(ring, column, slot, axis=axis), next_logits(params, grown)
+                return lax.dynamic_update_slice_in_dim(ring, column, slot, axis=axis), logits
 
             self._ring_step = jax.jit(step, donate_argnums=(2,))
         return self._ring_step
@@ -143,8 +143,7 @@ class JaxRingSteps:
     cache) and writes it at slot t with `dynamic_update_slice` into the cache passed in, donated,
     so XLA updates that buffer in place; the slot's mask then turns 1. Attention weighs keys by
     the mask, not by where they sit, and `positions(attention_mask)` counts the real tokens, so
-    a token's keys may sit anywhere; `next_logits` is read off the grown cache inside the same
-    jitted call. Each layer still attends over `concat(cache[slot], column)`, a copy of that
+    a token's keys may sit anywhere. Each layer still attends over `concat(cache[slot], column)`, a copy of that
     layer's keys and values a step: jit's fixed shapes give the attention no view of a prefix."""
 
     def __init__(self, runtime: JaxRuntime, total: int):
@@ -157,10 +156,10 @@ class JaxRingSteps:
     def start(self, tokens, mask):
         pad = self.width - tokens.shape[1]
         tokens, mask = (np.concatenate([np.zeros((a.shape[0], pad), a.dtype), a], axis=1) for a in (tokens, mask))
-        self.ring = self.runtime.run("prefill", [tokens.astype(np.int32), mask.astype(np.int32)])
+        logits, self.ring = self.runtime.run("prefill", [tokens.astype(np.int32), mask.astype(np.int32)])
         self.mask = mask.astype(np.int32)
         self.next = 0
-        return np.asarray(self.runtime.run("next_logits", [self.ring]))
+        return np.asarray(logits)
 
     def step(self, token, mask):
         import jax

@@ -1,8 +1,8 @@
 """A decoder's ONNX graphs in the form optimum exports them: a key and a value per layer.
 
-Linnet's decoder entries (`prefill`, `decode`, `next_logits`; GPT-2's in
-`nest/gpt2/src/lib.linnet`) keep one typed cache `[Stream + Layers, 2, B, Heads, P, Dh]`
-(`cache_slots`: GPT-2's stream takes one slot, a grouped-query decoder's Heads / KvHeads). Tools
+Linnet's decoder entries (`prefill`, `decode` and `extend`, GPT-2's in `nest/gpt2/src/lib.linnet`)
+return the next token's scores `[B, Vocab]` and one typed cache `[Layers, 2, B, Heads, P, Dh]`
+(a grouped-query decoder's with its key/value heads). Tools
 built around ONNX decoders (optimum, onnxruntime-genai, hand-written serving loops) expect
 instead, per layer `i`, `past_key_values.{i}.key` / `.value` `[B, Heads, P, Dh]` in and
 `present.{i}.key` / `.value` `[B, Heads, P + 1, Dh]` out, beside `input_ids`,
@@ -22,9 +22,8 @@ lowered program, weights included, with one `GraphEmitter` each:
 `logits` holds the scores of the last position only (what a generate loop reads; optimum's
 prefill returns every position, which costs an [S, Vocab] matmul that generate discards).
 No `position_ids` input: the entries count positions from `attention_mask`, as transformers'
-generate does for left padding. Inside, the per-layer inputs are stacked into the cache with
-the stream's slots (which only the step's own new position is read from) zero, the
-entry runs, and each layer's key and value are sliced out of its result.
+generate does for left padding. Inside, the per-layer inputs are stacked into the cache, the
+entry runs, and each layer's key and value are sliced out of the cache it returns.
 """
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def present_names(layers: int) -> list[str]:
 
 
 def _cache_type(program: ir.Program) -> ir.TensorType:
-    return program.entries["decode"].inputs[1][1]  # [Stream + Layers, 2, B, Heads, P, Dh]
+    return program.entries["decode"].inputs[1][1]  # [Layers, 2, B, Heads, P, Dh]
 
 
 #: The cache dtypes an empty past can be fed in from numpy (ORT's Python API has no bf16 array).
@@ -67,16 +66,9 @@ def prompt_on_step(program: ir.Program, step_session) -> bool:
                                          if i.name.startswith("past_key_values."))
 
 
-def cache_slots(program: ir.Program) -> tuple[int, int]:
-    """(stream, layers): how many leading cache slots hold the residual stream, and how many
-    layers' keys and values follow. GPT-2's stream fits one slot ([Layers + 1, ...]); a
-    grouped-query decoder's needs Heads / KvHeads (`nest/smollm2-135m-instruct`). The layers
-    are the root's longest array of sub-blocks, which every decoder source loops over."""
-    slots = _cache_type(program).dims[0].as_int()
-    layers = max((sub.count for block in program.blocks.values() for sub in block.subs if sub.count), default=0)
-    if not 0 < layers < slots:
-        raise ValueError(f"a decoder cache of {slots} slots cannot hold {layers} layers after the stream")
-    return slots - layers, layers
+def cache_layers(program: ir.Program) -> int:
+    """How many layers' keys and values the cache holds: its first dim."""
+    return _cache_type(program).dims[0].as_int()
 
 
 def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_place: bool = False,
@@ -85,7 +77,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     from onnx import TensorProto, helper
 
     cache_t = _cache_type(program)
-    stream, layers = cache_slots(program)
+    layers = cache_layers(program)
     float_type = elem_type(cache_t.dtype)
     em = GraphEmitter(program, tensors, params_in_place=params_in_place, defer_weights=defer_weights)
     extend = past and takes_prompt(program)
@@ -110,7 +102,7 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
             em.reserve(past_name)
             em.types[past_name] = float_type
             inputs.append(helper.make_tensor_value_info(past_name, float_type, kv_dims))
-        args = [token, _stacked_cache(em, stream, layers, float_type), mask]
+        args = [token, _stacked_cache(em, layers, float_type), mask]
     else:
         args = [token, mask]
     params = [n for n, _ in entry.inputs]
@@ -119,21 +111,16 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
     if past:  # the stacked cache's dims read from the first layer's keys, [B, Heads, P, Dh] = its axes 2..5
         em._dim_sources = {dim: ("past_key_values.0.key", axis - 2) if value == args[1] and axis >= 2 else (value, axis)
                            for dim, (value, axis) in em._dim_sources.items()}
-    cache = em.call(entry.function, args, "")
-    # next_logits calls its cache's length P too: a new dim, read from this cache.
-    # Read from the mask, which spans the cache's positions: a read of the cache's own shape
-    # would keep the whole grown cache computed where only its slices are needed.
-    em._dims, em._dim_sources = {}, {"B": (mask, 0), "P": (mask, 1)}
-    scores = em.call(program.entries["next_logits"].function, [cache], "")
+    scores, cache = em.call(entry.function, args, "")
     em.reserve("logits")
     em.node("Unsqueeze", [scores, em.constant([1], "i64", (1,))], float_type, scope="logits",
             doc="the last position's scores, [B, 1, Vocab]", output="logits")
-    vocab = program.entries["next_logits"].result.dims[1].as_int()
+    vocab = entry.result.items[0].dims[1].as_int()
     outputs = [helper.make_tensor_value_info("logits", float_type, ["B", 1, vocab])]
     present_dims = ["B", kv_dims[1], mask_dims[1], kv_dims[3]]
     for out_name, (layer, part) in zip(present_names(layers), ((i, p) for i in range(layers) for p in (0, 1))):
         em.reserve(out_name)
-        _slot(em, cache, stream, layer, part, float_type, out_name)
+        _slot(em, cache, layer, part, float_type, out_name)
         outputs.append(helper.make_tensor_value_info(out_name, float_type, present_dims))
     used = graph_inputs_used(em.nodes)
     initializers = [t for t in em.initializers if t.name in used]
@@ -146,9 +133,8 @@ def _emit(program: ir.Program, tensors: dict, name: str, past: bool, params_in_p
                      {t.name: em.weights[t.name] for t in model.graph.initializer if t.name in em.weights})
 
 
-def _stacked_cache(em: GraphEmitter, stream: int, layers: int, float_type: int) -> str:
-    """[Stream + Layers, 2, B, Heads, P, Dh] from the per-layer inputs; the stream's slots zeros
-    (the entry only carries the stream's past positions along; the new position's it computes)."""
+def _stacked_cache(em: GraphEmitter, layers: int, float_type: int) -> str:
+    """[Layers, 2, B, Heads, P, Dh] from the per-layer inputs."""
     doc = "the per-layer keys and values stacked as the entry's cache"
     axes = em.constant([0, 1], "i64", (2,))
     slots = []
@@ -156,21 +142,12 @@ def _stacked_cache(em: GraphEmitter, stream: int, layers: int, float_type: int) 
         key, value = (em.node("Unsqueeze", [f"past_key_values.{layer}.{part}", axes], float_type, scope="cache",
                               doc=doc) for part in ("key", "value"))
         slots.append(em.node("Concat", [key, value], float_type, scope="cache", doc=doc, axis=1))
-    from onnx import helper
-
-    # One slot's shape read from an input, not from a stacked slot (which would keep it computed).
-    first = em.node("Shape", ["past_key_values.0.key"], elem_type("i64"), scope="cache", doc="one layer's keys' shape")
-    shape = em.node("Concat", [em.constant([1, 2], "i64", (2,)), first], elem_type("i64"), scope="cache",
-                    doc="one slot's shape", axis=0)
-    zero = em.node("ConstantOfShape", [shape], float_type, scope="cache",
-                   doc="the stream's slots: its past positions, which a step only carries along",
-                   value=helper.make_tensor("zero", float_type, [1], [0.0]))
-    return em.node("Concat", [zero] * stream + slots, float_type, scope="cache", doc=doc, axis=0)
+    return em.node("Concat", slots, float_type, scope="cache", doc=doc, axis=0)
 
 
-def _slot(em: GraphEmitter, cache: str, stream: int, layer: int, part: int, float_type: int, output: str) -> str:
+def _slot(em: GraphEmitter, cache: str, layer: int, part: int, float_type: int, output: str) -> str:
     doc = f"layer {layer}'s {'keys' if part == 0 else 'values'}, [B, Heads, P, Dh]"
-    slot = stream + layer
+    slot = layer
     sliced = em.node("Slice", [cache, em.constant([slot, part], "i64", (2,)), em.constant([slot + 1, part + 1], "i64", (2,)),
                                em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc)
     return em.node("Squeeze", [sliced, em.constant([0, 1], "i64", (2,))], float_type, scope="present", doc=doc,

@@ -288,14 +288,14 @@ class OnnxRuntime:
     def decoder_steps(self):
         """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
         None where the export has none (not a decoder; bf16 on the CPU provider)."""
-        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_slots, prompt_on_step
+        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_layers, prompt_on_step
 
         if not (self.folder / STEP_FILE).exists():
             return None
         step = self.session(STEP_FILE)
         # A step graph that takes the prompt runs it too: no prefill session, no second copy of the weights.
         prefill = None if prompt_on_step(self.program, step) else self.session(PREFILL_FILE)
-        layers = cache_slots(self.program)[1]
+        layers = cache_layers(self.program)
         device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         return PastKeyValueSteps(prefill, step, layers, device)
 
@@ -382,9 +382,9 @@ def _write_default_models(ctx: LoadContext, tensors: dict, out_dir: Path, bf16_c
 
 
 def has_decoder_entries(program) -> bool:
-    """Whether the program generates (prefill, decode, next_logits), so the runtime's export
+    """Whether the program generates (prefill, decode), so the runtime's export
     also holds the optimum-style graphs of linnet/backends/onnx_decoder.py."""
-    return all(e in program.entries for e in ("prefill", "decode", "next_logits"))
+    return all(e in program.entries for e in ("prefill", "decode"))
 
 
 def cut_to_output(model, output):

@@ -122,7 +122,7 @@ class TorchRuntime:
 
 class TorchBufferSteps:
     """generate's `start`/`step` on torch with the decode cache in a `CacheBuffer`:
-    `[Slots, 2, B, Heads, total - 1, Dh]` allocated once after `prefill`, each `decode` given
+    `[Layers, 2, B, Heads, total - 1, Dh]` allocated once after `prefill`, each `decode` given
     the filled prefix (a view) and writing its new position in place. Registered in the
     generated module's `_BUFFERS` from `start` to `close` only."""
 
@@ -141,27 +141,24 @@ class TorchBufferSteps:
         from .torch_cache import CacheBuffer
         from .torch_source import BUFFERS
 
-        cache = self.runtime.call("prefill", *self._tensors(tokens, mask))
+        logits, cache = self.runtime.call("prefill", *self._tensors(tokens, mask))
         with torch.inference_mode():
             self.buffer = CacheBuffer(cache, max(self.capacity, cache.shape[self._axis]), self._axis)
             self.cache = self.buffer.view(cache.shape[self._axis])
         del cache
         getattr(self.runtime.module, BUFFERS)[self.buffer.ptr] = self.buffer
-        return self._logits()
+        return _numpy(logits)
 
     def step(self, token, mask):
         token_t, mask_t = self._tensors(token, mask)
-        self.cache = self.runtime.call("decode", token_t, self.cache, mask_t)
-        return self._logits()
+        logits, self.cache = self.runtime.call("decode", token_t, self.cache, mask_t)
+        return _numpy(logits)
 
     def close(self):
         from .torch_source import BUFFERS
 
         if self.buffer is not None:
             getattr(self.runtime.module, BUFFERS).pop(self.buffer.ptr, None)
-
-    def _logits(self):
-        return self.runtime.call("next_logits", self.cache).detach().cpu().numpy()
 
     def _tensors(self, tokens, mask):
         """The token ids and the mask as the entries take them (prefill's and decode's types
@@ -171,6 +168,10 @@ class TorchBufferSteps:
         numpy_type = self._types[0]
         return [torch.from_numpy(np.ascontiguousarray(a, dtype=numpy_type)).to(self.runtime.device)
                 for a in (tokens, mask)]
+
+
+def _numpy(tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
 
 
 def dtypes_numpy(dtype: str):

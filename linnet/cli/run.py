@@ -13,7 +13,7 @@ What gets printed depends on the model, unless `--task` says otherwise:
 * pool: anything else with a `pool` entry: a summary of each text's pooled vector;
 * classify-image: an image model (`[image]` in nest.toml): the arguments are image files,
   preprocessed as the repo says, and each image's labels are ranked by probability;
-* generate: a decoder (`prefill`, `decode` and `next_logits` entries, as GPT-2): each text is
+* generate: a decoder (`prefill` and `decode` entries, as GPT-2): each text is
   a prompt, continued greedily by `--max-new-tokens` tokens (fewer when it reaches the
   entry's end of text), and the continuation is printed under it;
 * chat: a decoder with a chat template (tokenizer_config.json beside its files, as a GGUF
@@ -31,7 +31,7 @@ from ..diagnostics import Diagnostic, LinnetError
 TASKS = ("auto", "fill-mask", "similarity", "classify", "pool", "classify-image", "generate", "chat")
 #: The entries a decoder generates with: linnet.nest.generate.DECODER_ENTRIES, repeated
 #: so that building the parser loads no zoo code (tests/test_gpt2_text.py checks they agree).
-DECODER_ENTRIES = ("prefill", "decode", "next_logits")
+DECODER_ENTRIES = ("prefill", "decode")
 #: New tokens `--task generate` adds to each prompt unless told otherwise.
 DEFAULT_NEW_TOKENS = 20
 

@@ -1,9 +1,9 @@
 """`model.generate`: text continuation for a decoder entry with a typed key/value cache.
 
-A decoder's Linnet source exposes three entries (GPT-2's, `nest/gpt2/src/lib.linnet`):
-`prefill(tokens, attention_mask)` returns the cache after the prompt, `next_logits(cache)`
-the scores for the token after its last position, and `decode(token, cache, attention_mask)`
-the cache one position longer.  The loop here is the same on every backend: it runs those
+A decoder's Linnet source exposes two cache steps (GPT-2's, `nest/gpt2/src/lib.linnet`), each
+returning two results, the scores for the next token [B, Vocab] and the cache:
+`prefill(tokens, attention_mask)` over the prompt, and `decode(token, cache, attention_mask)`
+one position further.  The loop here is the same on every backend: it runs those
 entries through the model's own validated `run`, so each step is checked against the
 entry's signature (a cache of the wrong shape, an id outside the vocabulary) before compute.
 A runtime may step on its own instead (`decoder_steps()`: ONNX Runtime runs optimum-style
@@ -27,7 +27,7 @@ from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
 
 #: The entries a model needs to generate.
-DECODER_ENTRIES = ("prefill", "decode", "next_logits")
+DECODER_ENTRIES = ("prefill", "decode")
 
 
 def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
@@ -69,20 +69,20 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
 
 class EntrySteps:
     """The loop's two calls on the model's own entries, each validated against its signature:
-    `start` runs `prefill` and returns the next token's scores [B, Vocab], `step` extends the
-    cache with `decode`. The cache stays in the backend's array type between steps."""
+    `start` runs `prefill` and `step` `decode`, each returning the next token's scores
+    [B, Vocab] and keeping the cache, which stays in the backend's array type between steps."""
 
     def __init__(self, model):
         self.model = model
         self.cache = None
 
     def start(self, tokens, mask):
-        self.cache = self.model.prefill(tokens, attention_mask=mask)
-        return _numpy(self.model.next_logits(self.cache))
+        logits, self.cache = self.model.prefill(tokens, attention_mask=mask)
+        return _numpy(logits)
 
     def step(self, token, mask):
-        self.cache = self.model.decode(token, self.cache, attention_mask=mask)
-        return _numpy(self.model.next_logits(self.cache))
+        logits, self.cache = self.model.decode(token, self.cache, attention_mask=mask)
+        return _numpy(logits)
 
 
 class WindowSteps(EntrySteps):
@@ -90,7 +90,7 @@ class WindowSteps(EntrySteps):
     (JAX, StableHLO): the prompt is left-padded (mask 0) to `total - 1` positions, and after
     each `decode` the oldest position, always padding, is dropped. Padding is never attended
     to and positions count real tokens only, so the scores are those of the growing cache,
-    and `prefill`, `decode` and `next_logits` each compile once per generate shape."""
+    and `prefill` and `decode` each compile once per generate shape."""
 
     def __init__(self, model, total: int):
         super().__init__(model)
@@ -103,8 +103,9 @@ class WindowSteps(EntrySteps):
     def step(self, token, mask):
         # The loop's mask covers the real history; the window's first positions are padding.
         window = _left_pad(mask, self.total - mask.shape[1])
-        self.cache = self.model.decode(token, self.cache, attention_mask=window)[:, :, :, :, 1:]
-        return _numpy(self.model.next_logits(self.cache))
+        logits, grown = self.model.decode(token, self.cache, attention_mask=window)
+        self.cache = grown[:, :, :, :, 1:]
+        return _numpy(logits)
 
 
 def _left_pad(array: np.ndarray, width: int) -> np.ndarray:

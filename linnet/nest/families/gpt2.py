@@ -57,8 +57,7 @@ class Gpt2Family(Family):
     layout = GPT2
     architectures = {"GPT2LMHeadModel": "Model", "GPT2Model": "Model"}
     root_entries = {"Model": "forward"}
-    outputs = {"forward": "logits", "hidden_states": "hidden_states", "prefill": "cache", "decode": "present",
-               "extend": "extended", "next_logits": "next_logits"}
+    outputs = {"forward": "logits", "hidden_states": "hidden_states"}
     probe_param = "wte"
 
     # ------------------------------------------------------------ config.json
@@ -82,8 +81,8 @@ class Gpt2Family(Family):
         return FamilyConfig(architecture, root, generics, None, _generation(reader, generics.get("Vocab")))
 
     def check_dims(self, config: FamilyConfig) -> dict[str, int]:
-        """B and S for the prompt entries, P (cached positions) for `decode`/`next_logits`,
-        which need P > 0 and P + 1 <= MaxPositions."""
+        """B and S for the prompt entries, P (cached positions) for `decode`,
+        which needs P + 1 <= MaxPositions."""
         positions = int(config.generics.get("MaxPositions", 9))
         return {"B": 1, "S": min(8, positions), "P": max(1, min(8, positions - 1))}
 

@@ -51,8 +51,7 @@ class LlamaFamily(Family):
     layout = LLAMA
     architectures = {"LlamaForCausalLM": "Model"}
     root_entries = {"Model": "forward", "UntiedModel": "forward"}
-    outputs = {"forward": "logits", "hidden_states": "hidden_states", "embed": "embedding", "prefill": "cache",
-               "decode": "present", "extend": "extended", "next_logits": "next_logits"}
+    outputs = {"forward": "logits", "hidden_states": "hidden_states", "embed": "embedding"}
     probe_param = "model.embed_tokens"
 
     def read_config(self, reader: ConfigReader, architecture: str, root: str) -> FamilyConfig:
@@ -77,7 +76,7 @@ class LlamaFamily(Family):
                                    f"projections have no bias")
 
     def check_dims(self, config: FamilyConfig) -> dict[str, int]:
-        """B and S for the prompt entries, P (cached positions) for `decode`/`next_logits`."""
+        """B and S for the prompt entries, P (cached positions) for `decode`."""
         positions = int(config.generics.get("MaxPositions", 9))
         return {"B": 1, "S": min(8, positions), "P": max(1, min(8, positions - 1))}
 
