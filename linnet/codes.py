@@ -274,6 +274,9 @@ UNKNOWN_MODEL_ENTRY: Final = _register("E0703", "unknown-model-entry", "runtime"
 ALIAS_AND_NAME: Final = _register("E0704", "alias-and-name", "runtime",
     "run time: an input given both by its name and by its transformers alias (`tokens` and "
     "`input_ids`, `token_types` and `token_type_ids`)")
+NOT_A_DECODER: Final = _register("E0705", "not-a-decoder", "runtime",
+    "`generate`: the model's `prefill` or `decode` entry does not return two results, the next "
+    "token's scores [B, Vocab] and the cache that `decode` takes")
 
 # -- backend: nest.load's options and the backends' own limits (backends/, nest/__init__.py)
 BAD_DEVICE: Final = _register("E0801", "bad-device", "backend",

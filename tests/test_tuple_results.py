@@ -80,12 +80,15 @@ BACKENDS = ["torch", "jax", "stablehlo", "onnx"]
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """The entry's folder, its weights file and the weights; loaded models, one per backend."""
+    return _write_entry(tmp_path_factory.mktemp("tuples"), SOURCE)
+
+
+def _write_entry(root, source: str):
     import safetensors.numpy
 
-    root = tmp_path_factory.mktemp("tuples")
     entry = root / "pairs"
     (entry / "src").mkdir(parents=True)
-    (entry / "src" / "lib.linnet").write_text(SOURCE, encoding="utf-8")
+    (entry / "src" / "lib.linnet").write_text(source, encoding="utf-8")
     (entry / "nest.toml").write_text(MANIFEST, encoding="utf-8")
     (entry / "linnet.toml").write_text('[package]\nname = "pairs"\nversion = "0.1.0"\nlanguage = "0.1"\n')
     rng = np.random.default_rng(3)
@@ -280,3 +283,23 @@ def test_a_served_entry_returns_each_result(pairs, pairs_server):
     for name, expected in zip(names, want):
         np.testing.assert_allclose(got.as_numpy(name), expected, rtol=1e-5, atol=1e-5, err_msg=name)
     assert one.as_numpy("split.1").shape == (2, 3, 1) and one.as_numpy("split.0") is None
+
+
+def test_generate_refuses_cache_steps_without_their_logits_by_name(tmp_path):
+    """`prefill`/`decode` that return the cache alone (the form before several results) are
+    named, not an unpacking error inside the loop."""
+    steps = """    pub entry prefill<B: Dim, S: Dim>(tokens: Tensor[B, S; i32], attention_mask: Tensor[B, S; i32] = ones)
+        -> Tensor[B, S; f32] {
+        return cast<f32>(tokens + attention_mask)
+    }
+    pub entry decode<B: Dim, P: Dim>(token: Tensor[B, 1; i32], cache: Tensor[B, P; f32],
+        attention_mask: Tensor[B, P + 1; i32] = ones) -> Tensor[B, P + 1; f32] {
+        return concat(cache, cast<f32>(token), 1)
+    }
+    pub entry forward"""
+    entry, weights_file, _, _ = _write_entry(tmp_path, SOURCE.replace("    pub entry forward", steps, 1))
+    model = nest.load(entry, backend="torch", weights=weights_file, kernels="default")
+    with pytest.raises(LinnetError) as info:
+        model.generate(np.array([[1, 2, 3]]), 2)
+    assert info.value.code == codes.NOT_A_DECODER
+    assert "its `prefill` returns Tensor[B, S; f32], where generate needs two results" in str(info.value)

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import codes
 from ..diagnostics import Diagnostic, LinnetError
+from ..middle import ir
 
 #: The entries a model needs to generate.
 DECODER_ENTRIES = ("prefill", "decode")
@@ -38,6 +39,7 @@ def generate(model, prompt, max_new_tokens: int, *, do_sample: bool = False, tem
     if missing:
         raise LinnetError(Diagnostic(codes.UNKNOWN_MODEL_ENTRY, f"{model.manifest.name} cannot generate: it has no "
                                      f"{', '.join(f'`{e}`' for e in missing)} entry ({', '.join(DECODER_ENTRIES)} needed)"))
+    _check_steps(model)
     tokens = _as_batch(prompt)
     mask = np.ones_like(tokens) if attention_mask is None else _as_batch(attention_mask)
     if mask.shape != tokens.shape:
@@ -149,6 +151,22 @@ def _numpy(value):
 
 def _bad(message: str) -> LinnetError:
     return LinnetError(Diagnostic(codes.BAD_INPUT, f"generate: {message}"))
+
+
+def _check_steps(model) -> None:
+    """`prefill` and `decode` each return (scores [B, Vocab], cache), and `decode` takes that
+    cache: said by name here, not as an unpacking error in the middle of the loop."""
+    decode = model.program.entries["decode"]
+    cache = decode.inputs[1][1] if len(decode.inputs) > 1 else None
+    for name in DECODER_ENTRIES:
+        result = model.program.entries[name].result
+        fits = (isinstance(result, ir.TupleType) and len(result.items) == 2 and result.items[0].rank == 2
+                and cache is not None and result.items[1].rank == cache.rank)
+        if not fits:
+            raise LinnetError(Diagnostic(
+                codes.NOT_A_DECODER, f"{model.manifest.name} cannot generate: its `{name}` returns {result}, where "
+                f"generate needs two results, the next token's scores [B, Vocab] and the cache that `decode` "
+                f"takes as its second input"))
 
 
 def _check_length(model, shape: tuple[int, int], new: int) -> None:
