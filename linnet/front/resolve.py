@@ -356,7 +356,8 @@ class _Delegations:
         results = delegated.items if isinstance(delegated, ast.TupleTypeNode) else [delegated]
         if len(then.params) != len(results) or then.result is None:
             wanted = "one input" if len(results) == 1 else f"{len(results)} inputs, one per result of `{d.callee}`,"
-            self._then_mismatch(d, then, f"`{then.name}` takes {len(then.params)} input{'' if len(then.params) == 1 else 's'}"
+            inputs = f"{len(then.params)} input{'' if len(then.params) == 1 else 's'}"
+            self._then_mismatch(d, then, f"`{then.name}` takes {inputs}"
                                 + ("" if then.result is not None else " and declares no result")
                                 + f"; `then` needs a function of {wanted} with a declared result")
             return None
