@@ -18,6 +18,7 @@ import shutil
 import numpy as np
 import pytest
 from fixtures.gpt2 import write_synthetic_gpt2
+from fixtures.triton import serving
 from fixtures.vit_checkpoints import write_synthetic_vit_base
 from test_triton import LAYOUTS, triton_tools  # noqa: F401 - the session's provisioned tools (a fixture)
 from tritonclient.utils import InferenceServerException
@@ -27,7 +28,6 @@ from linnet.diagnostics import LinnetError
 from linnet.nest import load, prepare
 from linnet.serving.triton import export_triton, layout_configs, triton_io
 from linnet.testing.smollm2 import gguf_path
-from linnet.testing.triton_server import ServerError, TritonServer
 
 GPT2, VIT, SMOL = "gpt2", "vit-base-patch16-224", "smollm2-135m-instruct"
 BOUND = 1e-5
@@ -84,13 +84,8 @@ def server(request, tmp_path_factory, triton_tools, checkpoints):  # noqa: F811 
     for name in (GPT2, VIT, SMOL):
         ctx, _ = prepare(name, **_weights(name, checkpoints))
         export_triton(ctx, root / "repo", runtime=request.param)
-    served = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
-    try:
-        served.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield served
-    served.stop()
+    with serving(root / "repo", triton_tools, log_path=root / "tritonserver.log") as served:
+        yield served
     shutil.rmtree(root, ignore_errors=True)  # ~1 GB of exports; the suite's disk is finite
 
 

@@ -249,19 +249,15 @@ def test_verify_holds_several_results_to_return_and_unpack(pairs):
 @pytest.fixture(scope="module", params=["onnxruntime", "python"])
 def pairs_server(request, pairs, tmp_path_factory, triton_tools):  # noqa: F811 - the imported fixture
     """The entry's default export, both layouts, on a real tritonserver."""
+    from fixtures.triton import serving
+
     from linnet.serving.triton import export_triton
-    from linnet.testing.triton_server import ServerError, TritonServer
 
     root = tmp_path_factory.mktemp(f"triton-pairs-{request.param}")
     ctx, _ = nest.prepare(pairs[0], weights=pairs[1])
     export_triton(ctx, root / "repo", runtime=request.param)
-    server = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
-    try:
-        server.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield server
-    server.stop()
+    with serving(root / "repo", triton_tools, log_path=root / "tritonserver.log") as server:
+        yield server
 
 
 def test_a_served_entry_returns_each_result(pairs, pairs_server):
