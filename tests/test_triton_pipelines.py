@@ -15,12 +15,12 @@ import shutil
 import numpy as np
 import pytest
 from fixtures.st_models import write_st_folder, write_st_repo
+from fixtures.triton import serving
 from test_sentence_pipelines import CASES, TEXTS
 from test_triton import triton_tools  # noqa: F401 - the session's provisioned tools (a fixture)
 
 from linnet.cli import main
 from linnet.nest import load
-from linnet.testing.triton_server import ServerError, TritonServer
 
 SERVED = ("bge", "labse", "instructor")
 
@@ -50,13 +50,8 @@ def server(pipelines, tmp_path_factory, triton_tools):  # noqa: F811 - the impor
         with contextlib.redirect_stdout(printed):
             assert main(["export-triton", where, "-o", str(root / "repo")]) == 0
         names[name] = printed.getvalue().split("exported ", 1)[1].split(" for Triton")[0]
-    served = TritonServer(root / "repo", triton_tools, log_path=root / "tritonserver.log")
-    try:
-        served.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield served, names
-    served.stop()
+    with serving(root / "repo", triton_tools, log_path=root / "tritonserver.log") as served:
+        yield served, names
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from fixtures.triton import serving
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -22,7 +23,7 @@ from linnet.cli import main
 from linnet.diagnostics import LinnetError
 from linnet.nest import load, prepare
 from linnet.serving.triton import RAGGED_ENDS, export_passes, export_triton, layout_configs, ragged_io, triton_io
-from linnet.testing.triton_server import ProvisionError, ServerError, TritonServer, provision
+from linnet.testing.triton_server import ProvisionError, provision
 
 MINILM = "all-minilm-l6-v2"
 VOCAB = 30522
@@ -106,15 +107,10 @@ def ragged_server(tmp_path_factory, minilm_checkpoint):
     root = tmp_path_factory.mktemp("triton-ragged")
     ctx, _ = prepare(MINILM, optimize=export_passes())  # what `linnet export-triton` serves: packed
     export_triton(ctx, root / "repo", ragged=True, max_batch_tokens=16384, max_queue_delay_us=2000)
-    server = TritonServer(root / "repo", tools, log_path=root / "tritonserver.log")
     try:
-        server.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
+        with serving(root / "repo", tools, log_path=root / "tritonserver.log") as server:
+            yield server
     finally:
-        server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
