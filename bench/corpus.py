@@ -10,14 +10,16 @@ change between releases), so the workload records the version and a digest of th
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
+import json
 import platform
 import re
+import subprocess
+import sys
 import warnings
-
-import numpy as np
 
 #: The modules whose docstrings make the corpus, in this order (importing them has no side
 #: effects beyond the import).
@@ -44,8 +46,18 @@ def _documented(module) -> list:
     return objects
 
 
+@functools.lru_cache(maxsize=1)
 def stdlib_paragraphs() -> list[str]:
-    """Every distinct docstring paragraph of `MODULES`, in a fixed order."""
+    """Every distinct docstring paragraph of `MODULES`, in a fixed order, read by a fresh
+    interpreter that can load the standard library only (`-I -S`): a process that has
+    imported torch has a patched `inspect.getfile` without its docstring, so reading them here
+    would make the texts depend on what was imported before."""
+    found = subprocess.run([sys.executable, "-I", "-S", __file__], capture_output=True, text=True, check=True)
+    return json.loads(found.stdout)
+
+
+def _paragraphs_here() -> list[str]:
+    """`stdlib_paragraphs`, read in this process."""
     seen: set[str] = set()
     paragraphs: list[str] = []
     for name in MODULES:
@@ -68,15 +80,23 @@ def corpus(size: int, seed: int = 0) -> list[str]:
     """`size` paragraphs drawn without replacement (seeded); all of them when there are fewer."""
     paragraphs = stdlib_paragraphs()
     if size >= len(paragraphs):
-        return paragraphs
+        return list(paragraphs)  # a copy: the cached list stays as read
+    import numpy as np
+
     picked = np.random.default_rng(seed).choice(len(paragraphs), size=size, replace=False)
     return [paragraphs[i] for i in sorted(picked)]
 
 
 def describe(texts: list[str]) -> dict:
     """What the workload records about its texts."""
+    import numpy as np
+
     lengths = [len(t) for t in texts]
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
     return {"texts": len(texts), "python": platform.python_version(), "sha256_16": digest,
             "mean_chars": round(float(np.mean(lengths)), 1) if texts else 0, "max_chars": max(lengths, default=0),
             "source": f"paragraphs of the docstrings of {len(MODULES)} standard-library modules (bench/corpus.py)"}
+
+
+if __name__ == "__main__":  # what `stdlib_paragraphs` runs, in a fresh `python -I -S`
+    print(json.dumps(_paragraphs_here()))

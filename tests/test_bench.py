@@ -162,6 +162,21 @@ def test_corpus_is_standard_library_docstrings():
     assert texts == corpus(2000, seed=0) and texts != corpus(2000, seed=1)
 
 
+def test_the_corpus_does_not_depend_on_what_was_imported_before():
+    """Was: read in the calling process, so importing torch first (which replaces
+    `inspect.getfile`) and submodules that others import changed the texts: the longest of the
+    256 that bench.triton_ragged sends went from 178 tokens to 230."""
+    import subprocess
+    import sys
+
+    probe = ("import hashlib, sys; sys.path.insert(0, '.'); {before}from bench.corpus import corpus; "
+             "print(hashlib.sha256('\\n'.join(corpus(256)).encode()).hexdigest())")
+    digests = [subprocess.run([sys.executable, "-c", probe.format(before=before)], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+               for before in ("", "import linnet.nest, torch, onnxruntime, email.mime.text, xml.dom; ")]
+    assert digests[0] and digests[0] == digests[1]
+
+
 def test_workloads_can_be_left_out():
     from bench.methods import methods_for
 
