@@ -21,6 +21,9 @@ import subprocess
 import sys
 import warnings
 
+# numpy is imported inside the functions that use it: this file also runs as a script under
+# `python -I -S` (`stdlib_paragraphs`), where only the standard library can be imported.
+
 #: The modules whose docstrings make the corpus, in this order (importing them has no side
 #: effects beyond the import).
 MODULES = (

@@ -21,16 +21,8 @@ import time
 import numpy as np
 
 
-def padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
-    tokens = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros_like(tokens)
-    for i, row in enumerate(rows):
-        tokens[i, :len(row)], mask[i, :len(row)] = row, 1
-    return tokens, mask
-
-
 def main(argv=None) -> int:
-    from bench.triton_ragged import token_rows
+    from bench.triton_ragged import right_padded, token_rows
     from bench.weights import resolve
     from linnet import nest
     from linnet.backends.measured import cpu_model
@@ -51,7 +43,7 @@ def main(argv=None) -> int:
     seconds = {"padded": 0.0, "own": 0.0}
     for index, rows in enumerate(batches):
         for layout, w in (("padded", width), ("own", max(len(r) for r in rows))):
-            tokens, mask = padded(rows, w)
+            tokens, mask = right_padded(rows, w)
             started = time.perf_counter()
             model.embed(tokens, attention_mask=mask)
             if index >= 2:  # the first two warm the session up for both widths

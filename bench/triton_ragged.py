@@ -58,17 +58,24 @@ def token_rows(count: int, max_tokens: int, seed: int = 0) -> list[np.ndarray]:
     return [np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch(corpus(count, seed=seed))]
 
 
+def right_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows as `[B, width]` int32 token ids, zeros after each row, and their mask."""
+    tokens = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros_like(tokens)
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)], mask[i, :len(row)] = row, 1
+    return tokens, mask
+
+
 def requests(layout: str, seqs: list[np.ndarray]) -> list[dict]:
     """perf_analyzer's input rows for one deployment: each a request's tensors, batch dim left out."""
     if layout == "linnet-ragged":
         return [{"tokens": s} for s in seqs]
     if layout == "linnet-padded-own-length":
         return [{"tokens": s, "attention_mask": np.ones_like(s)} for s in seqs]
-    width = max(len(s) for s in seqs)
     rows = []
-    for s in seqs:
-        tokens, mask = np.zeros(width, np.int32), np.zeros(width, np.int32)
-        tokens[:len(s)], mask[:len(s)] = s, 1
+    for tokens, mask in zip(*right_padded(seqs, max(len(s) for s in seqs))):
+        width = len(tokens)
         if layout == "reference":
             rows.append({"input_ids": tokens.astype(np.int64), "attention_mask": mask.astype(np.int64),
                          "token_type_ids": np.zeros(width, np.int64)})

@@ -143,8 +143,9 @@ class JaxRingSteps:
     cache) and writes it at slot t with `dynamic_update_slice` into the cache passed in, donated,
     so XLA updates that buffer in place; the slot's mask then turns 1. Attention weighs keys by
     the mask, not by where they sit, and `positions(attention_mask)` counts the real tokens, so
-    a token's keys may sit anywhere. Each layer still attends over `concat(cache[slot], column)`, a copy of that
-    layer's keys and values a step: jit's fixed shapes give the attention no view of a prefix."""
+    a token's keys may sit anywhere. Each layer still attends over `concat(cache[slot], column)`,
+    a copy of that layer's keys and values a step: jit's fixed shapes give the attention no view
+    of a prefix."""
 
     def __init__(self, runtime: JaxRuntime, total: int):
         self.runtime = runtime
