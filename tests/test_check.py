@@ -448,6 +448,36 @@ block Inner<D: Dim> {
     assert "[-1]" in info.value.diagnostics[1].message
 
 
+def test_too_many_block_instances_are_refused_before_any_is_built(tmp_path, monkeypatch):
+    """Was (fuzz seed 11, case 698,602, "hang at check"): `Layers = 10,000` layers of 10 instances each
+    were all built (7.6 s) before E0505 said the model passed 100,000. The array is now counted first,
+    and identical layers are counted once."""
+    from linnet.middle import instantiate as inst
+
+    checked = check_source(tmp_path, """
+block Model<D: Dim, L: Dim> {
+    sub layers: [Layer<D>; L]
+}
+block Layer<D: Dim> {
+    sub parts: [Part<D>; 9]
+}
+block Part<D: Dim> {
+    param b: Tensor[D; f32]
+}
+""")
+    built = []
+    real = inst.BlockInstance
+    monkeypatch.setattr(inst, "BlockInstance", lambda *a: built.append(a[2]) or real(*a))
+    with pytest.raises(LinnetError) as info:
+        instantiate(checked, "Model", {"D": 4, "L": 10_001})  # 1 + 10,001 * 10 instances
+    assert [(d.code, d.span.line) for d in info.value.diagnostics] == [("E0505", 3)]
+    assert "10,001 of 10 block instances each" in info.value.diagnostics[0].message
+    assert built == [""]  # only the root
+    built.clear()
+    assert len(instantiate(checked, "Model", {"D": 4, "L": 9_999}).params) == 9_999 * 9  # 99,991 fit
+    assert len(built) == 1 + 9_999 * 10
+
+
 # ------------------------------------------------------------- masks and defaults
 
 

@@ -365,11 +365,6 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
                                         f"is {count}; a sub array's length cannot be negative", span, env,
                                         origins, sub.count))
                 continue
-            if count > budget[0]:
-                errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} is "
-                                        f"{count}, more than the {MAX_BLOCK_INSTANCES:,} block instances a model "
-                                        "may have", span, env, origins, sub.count))
-                continue
             element = sub.element
         else:
             element, count = sub, None
@@ -379,6 +374,15 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
             errors.append(_bad_dims(block, f"sub `{prefix + name}`", str(exc), span, env, origins))
             continue
         child = checked.blocks[element.block]
+        if count is not None:
+            # Counted before anything is built: building 10^5 instances only to refuse them takes seconds.
+            each = _instance_count(child, child_env, checked, {})
+            if count * each > budget[0]:
+                per = "" if each == 1 else f" of {each:,} block instances each"
+                errors.append(_bad_dims(block, f"sub array `{prefix + name}`", f"its length {sub.count} is "
+                                        f"{count:,}{per}, more than the {MAX_BLOCK_INSTANCES:,} block instances "
+                                        "a model may have", span, env, origins, sub.count))
+                continue
         # A child's values are derived from the parent's, so they have no origin of their own.
         if count is None:
             instance.children[name] = _build(child, child_env, prefix + name, checked, errors, budget=budget)
@@ -393,6 +397,32 @@ def _build(block: BlockSig, env, path: str, checked: CheckedProgram,
                 instance.children[name].append(_build(child, dict(child_env), f"{prefix}{name}.{i}", checked,
                                                       errors, budget=budget))
     return instance
+
+
+def _instance_count(block: BlockSig, env, checked: CheckedProgram, seen: dict) -> int:
+    """How many block instances `_build` would make for `block` under `env` (itself included).
+
+    Identical layers share one count (`seen`, keyed by block and values), so this costs the number
+    of distinct (block, values) pairs, not the number of instances. A sub whose values cannot be
+    computed counts as one: `_build` reports it.
+    """
+    key = (block.name, tuple(sorted((n, repr(v)) for n, v in env.items())))
+    if key in seen:
+        return seen[key]
+    total = 1
+    for sub, _ in block.subs.values():
+        element = sub.element if isinstance(sub, SubArrayT) else sub
+        try:
+            count = sub.count.substitute(dims_only(env)).evaluate({}) if isinstance(sub, SubArrayT) else 1
+            child_env = {n: _substitute_binding(value, env) for n, value in element.bindings}
+        except DimError:
+            count, child_env = 0, None
+        if child_env is not None and count > 0:
+            total += count * _instance_count(checked.blocks[element.block], child_env, checked, seen)
+        if total > MAX_BLOCK_INSTANCES:
+            break  # already too many; the exact figure does not matter
+    seen[key] = total
+    return total
 
 
 def _bad_dims(block: BlockSig, what: str, reason: str, span: Span, env, origins, declared=None) -> Diagnostic:
