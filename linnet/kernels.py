@@ -22,8 +22,6 @@ WINDOW_OUTSIDE = -65504.0
 #: it, but `linnet.middle.optimize` folds a scale into its queries as into `attention`'s.
 ATTENTION_PROBABILITIES = "std.nn.attention::attention_probabilities"
 LINEAR = "std.nn.linear::Linear.forward"
-#: The block whose forward is `LINEAR` (its `ir.Block.source`), for passes that act per instance.
-LINEAR_BLOCK = LINEAR.rsplit(".", 1)[0]
 EMBEDDING = "std.nn.embedding::embedding"
 #: GELU through erf, as the paper defines it (BERT's `hidden_act = "gelu"`).
 GELU_ERF = "std.nn.activations::gelu_erf"
