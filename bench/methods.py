@@ -529,6 +529,12 @@ MODES: dict[tuple[str, str], Mode] = {
     ("openvino", "bf16-hint"): Mode("-bf16-hint", "precision_hint='bf16'", (("precision_hint", "bf16"),),
                                     "precision_hint='bf16': bf16 products in an f32 model (not exact: compare "
                                     "max_abs_diff)"),
+    # precision="int8" on OpenVINO: static int8 after SmoothQuant, the rest f32 (or bf16 by hint).
+    ("openvino", "int8"): Mode("-int8", "precision='int8'", (("precision", "int8"),),
+                               "precision='int8': the measured static int8 plan (model.info.precision)"),
+    ("openvino", "int8-bf16-hint"): Mode("-int8-bf16-hint", "precision='int8', precision_hint='bf16'",
+                                         (("precision", "int8"), ("precision_hint", "bf16")),
+                                         "precision='int8' with bf16 arithmetic for the products kept f32"),
 }
 _FAMILY = {"torch": (LinnetTorch, "Linnet torch"), "jax": (LinnetJax, "Linnet JAX"),
            "stablehlo": (LinnetJax, "Linnet JAX"), "onnx": (LinnetOnnx, "Linnet ONNX"),

@@ -268,6 +268,7 @@ REFERENCES: list[tuple[str, type[Method]]] = [
 LINNET: list[tuple[str, str, str]] = [
     ("onnx", "f32", "default"), ("torch", "f32", "eager"), ("torch", "bf16", "eager"), ("onnx", "f32", "int8"),
     ("openvino", "f32", "default"), ("openvino", "f32", "bf16-hint"),
+    ("openvino", "f32", "int8"), ("openvino", "f32", "int8-bf16-hint"),
     # The other precisions the tree offers on a CPU: onnx's bf16 variant (f32 arithmetic per node,
     # bf16 between), OpenVINO's native bf16 graph and its f16 tensors.
     ("onnx", "bf16", "default"), ("openvino", "bf16", "default"), ("openvino", "f16", "default")]
@@ -280,7 +281,7 @@ def precision_method(backend: str, dtype: str, mode: str) -> type[LinnetMethod]:
     """`linnet_method(backend, dtype, mode)` made to run `encode` on the CPU at any dtype."""
     base = linnet_method(backend, dtype, mode)
     options = dict(MODES[(backend, mode)].options)
-    precision = options.get("precision_hint") or options.get("precision") or dtype
+    precision = options.get("precision") or options.get("precision_hint") or dtype
 
     def load(self) -> float:
         seconds = base.load(self)
@@ -522,6 +523,8 @@ def targets(result: dict) -> dict:
     """Issue 27's targets against this run, per workload: each with the figures and `met`."""
     checks = {}
     pairs = {"int8": ("linnet-onnx-f32-int8", "openvino-reference-int8-nncf"),
+             "int8 (OpenVINO)": ("linnet-openvino-f32-int8", "openvino-reference-int8-nncf"),
+             "int8 (OpenVINO, bf16 hint)": ("linnet-openvino-f32-int8-bf16-hint", "openvino-reference-int8-nncf"),
              "bf16": ("linnet-torch-bf16", "openvino-reference-default"),
              "bf16 (OpenVINO hint)": ("linnet-openvino-f32-bf16-hint", "openvino-reference-default"),
              "f32": ("linnet-onnx-f32", "openvino-reference")}

@@ -54,7 +54,7 @@ KERNEL_CHOICES = ("auto", "default")
 TORCH_MODES = ("eager", "compile", "cudagraphs")
 #: openvino's `precision_hint=`: the inference precisions Linnet lets OpenVINO run, by Linnet dtype name.
 OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
-#: onnx's `precision=` (`linnet.backends.onnx_int8`).
+#: onnx's and openvino's `precision=` (`linnet.backends.onnx_int8`).
 ONNX_PRECISIONS = ("f32", "int8")
 #: Its int8 budget's defaults: mean cosine loss to f32 on the calibration texts, and the lowest cosine of any one.
 INT8_MAX_COSINE_LOSS = 0.005
@@ -76,6 +76,21 @@ def kernel_choice(kernels: str | None) -> str:
                                      f"${KERNELS_ENV} is {chosen!r}; expected one of "
                                      + ", ".join(repr(c) for c in KERNEL_CHOICES)))
     return chosen
+
+
+def _int8_options(kind: str) -> tuple[Option, ...]:
+    """`precision="int8"` and its budget, as the onnx and openvino backends take them
+    (`linnet.backends.onnx_int8.plan` measures it)."""
+    return (Option("precision", (str,), "f32", f'"int8": dense matrices in {kind}, '
+                   "as many as keep the `embed` entry's output within the cosine budget of f32 on the "
+                   "calibration texts (measured at load, cached per machine; model.info.precision); "
+                   "E0835 when none can", ONNX_PRECISIONS),
+            Option("calibration", (list, tuple), None, "precision='int8': the texts the plan is measured on "
+                   "(default: 64 stdlib docstring paragraphs)"),
+            Option("max_cosine_loss", (float, int), INT8_MAX_COSINE_LOSS, "precision='int8': the largest mean cosine "
+                   "loss (1 - mean cosine to f32) a plan may have"),
+            Option("min_cosine", (float, int), INT8_MIN_COSINE, "precision='int8': the lowest cosine to f32 any "
+                   "calibration text may have"))
 
 
 def _kernels(what: str, bad_value=codes.UNKNOWN_BACKEND_OPTION) -> Option:
@@ -156,16 +171,7 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
                 _kernels("ONNX Runtime session options (CPU provider)"),
                 Option("share_weights", (bool,), False, "one memory-mapped copy of each weight for all of the "
                        "model's sessions, ORT's weight pre-packing off: less memory, slower MatMuls"),
-                Option("precision", (str,), "f32", '"int8": dense matrices in dynamic int8 (per-channel weights), '
-                       "as many as keep the `embed` entry's output within the cosine budget of f32 on the "
-                       "calibration texts (measured at load, cached per machine; model.info.precision); "
-                       "E0835 when none can", ONNX_PRECISIONS),
-                Option("calibration", (list, tuple), None, "precision='int8': the texts the plan is measured on "
-                       "(default: 64 stdlib docstring paragraphs)"),
-                Option("max_cosine_loss", (float, int), INT8_MAX_COSINE_LOSS, "precision='int8': the largest mean cosine loss "
-                       "(1 - mean cosine to f32) a plan may have"),
-                Option("min_cosine", (float, int), INT8_MIN_COSINE, "precision='int8': the lowest cosine to f32 any "
-                       "calibration text may have"))),
+                *_int8_options("dynamic int8 (per-channel weights, a scale per call for activations)"))),
     # The onnx backend's graphs (its passes, so one export serves both), run by OpenVINO.
     Backend("openvino", "linnet.backends.openvino_runtime", ("fold_attention_scale", "dead_rows", "pack_tokens"),
             packing=True, extra="openvino", options=(
@@ -175,7 +181,9 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
                 Option("num_streams", (int,), 1, "OpenVINO CPU streams (NUM_STREAMS): infer requests that run at "
                        "once, for calls from several threads; 1 gives one call every thread"),
                 Option("threads", (int,), None, "OpenVINO's INFERENCE_NUM_THREADS (default: one per physical "
-                       "core, as the onnx backend's sessions)"))),
+                       "core, as the onnx backend's sessions)"),
+                *_int8_options("static int8 (per-channel weights, activation scales calibrated on the texts "
+                               "after SmoothQuant; precision_hint is the rest's)"))),
 )}
 #: backend name -> integration module.
 BACKENDS: dict[str, str] = {name: b.module for name, b in RECORDS.items()}

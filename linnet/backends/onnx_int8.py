@@ -172,9 +172,11 @@ class Int8Plan:
     min_cosine_floor: float
     #: Each candidate measured: [groups kept f32, mean cosine, min cosine].
     tried: list = field(default_factory=list)
+    #: How activations get their scales: "dynamic" (per call, ORT) or "static" (calibrated, `int8_static`).
+    scheme: str = "dynamic"
 
     def info(self) -> dict:
-        return {"plan": "int8", "quantised": self.quantised, "kept_f32": list(self.kept_f32),
+        return {"plan": "int8", "scheme": self.scheme, "quantised": self.quantised, "kept_f32": list(self.kept_f32),
                 "mean_cosine": self.mean_cosine, "min_cosine": self.min_cosine, "calibration_texts": self.texts,
                 "max_cosine_loss": self.max_cosine_loss, "min_cosine_floor": self.min_cosine_floor,
                 "tried": [list(t) for t in self.tried]}
@@ -198,19 +200,44 @@ def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return dots / np.maximum(norms, 1e-300)
 
 
-def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_cosine: float,
-         cache_dir: Path | None) -> Int8Plan:
-    """The int8 plan for a loaded f32 model on the onnx backend (see the module docstring)."""
-    import onnx
+class DynamicInt8:
+    """ORT's dynamic int8 (`quantised_file`): what the onnx backend runs."""
 
-    _check_measurable(model, runtime, max_cosine_loss, min_cosine)
+    scheme = "dynamic"
+    key = "dynamic"
+
+    @staticmethod
+    def file(folder: Path, file: str, kept_f32: tuple[str, ...], *, candidate: bool = False) -> Path:
+        return quantised_file(folder, file, kept_f32, candidate=candidate)
+
+
+def calibration_texts(texts) -> list[str]:
+    """`calibration=` as texts (the default set when None); none at all is E0835."""
     texts = default_calibration() if texts is None else [str(t) for t in texts]
     if not texts:
         raise LinnetError(Diagnostic(codes.INT8_BUDGET, "precision='int8' needs calibration texts to measure the "
                                      "plan on; calibration= is empty"))
+    return texts
+
+
+def texts_digest(texts: list[str]) -> str:
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+
+
+def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float | None, min_cosine: float | None,
+         cache_dir: Path | None, quantiser=DynamicInt8) -> Int8Plan:
+    """The int8 plan for a loaded f32 model (see the module docstring).  `quantiser` writes a
+    candidate's graph (`DynamicInt8`, or `int8_static.StaticInt8` for OpenVINO); `runtime`
+    runs the entry on a given graph file for a while (`use_graph`)."""
+    import onnx
+
+    max_cosine_loss = MAX_COSINE_LOSS if max_cosine_loss is None else float(max_cosine_loss)
+    min_cosine = MIN_COSINE if min_cosine is None else float(min_cosine)
+    _check_measurable(model, runtime, max_cosine_loss, min_cosine)
+    texts = calibration_texts(texts)
     file = f"model.{ENTRY}.onnx"
     key = "|".join((f"{runtime.folder.name}/{file}", repr(max_cosine_loss), repr(min_cosine),
-                    hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]))
+                    texts_digest(texts), *([] if quantiser.key == "dynamic" else [runtime.backend, quantiser.key])))
     cached = _CACHE.read(cache_dir).get(key)
     if cached is not None:
         return cached
@@ -224,17 +251,9 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
 
     def measure(kept_groups: list[str]) -> tuple[float, float]:
         kept = tuple(n for g in kept_groups for n in groups[g])
-        path = candidates[frozenset(kept)] = quantised_file(runtime.folder, file, kept, candidate=True)
-        session = runtime.open_file(path.name)
-        previous = runtime.sessions.get(ENTRY)
-        runtime.sessions[ENTRY] = session
-        try:
+        path = candidates[frozenset(kept)] = quantiser.file(runtime.folder, file, kept, candidate=True)
+        with runtime.use_graph(ENTRY, path.name):
             got = model.encode(texts, show_progress_bar=False)
-        finally:
-            if previous is None:
-                runtime.sessions.pop(ENTRY, None)
-            else:
-                runtime.sessions[ENTRY] = previous
         cos = cosines(got, reference)
         result = float(cos.mean()), float(cos.min())
         tried.append([sorted(kept_groups), *result])
@@ -276,12 +295,21 @@ def plan(model, runtime, texts: list[str] | None, max_cosine_loss: float, min_co
             f"keeping {len(best[0])} of {len(groups)} groups of matrices f32; raise max_cosine_loss or lower "
             "min_cosine, or load at f32")))
     chosen = Int8Plan(len(nodes) - len(kept), kept, result[0], result[1], len(texts), float(max_cosine_loss),
-                      float(min_cosine), tried)
+                      float(min_cosine), tried, quantiser.scheme)
     if cache_dir is not None:
         _CACHE.record(cache_dir, {key: chosen})
     log.info("int8 plan for %s: %d matrices int8, %d f32, mean cosine %.6f, min %.6f", runtime.folder.name,
              chosen.quantised, len(kept), chosen.mean_cosine, chosen.min_cosine)
     return chosen
+
+
+def check_options(precision: str | None, calibration, max_cosine_loss, min_cosine) -> bool:
+    """Whether int8 was asked for; the budget's options without it are refused by name."""
+    int8 = precision == "int8"
+    if not int8 and (calibration is not None or max_cosine_loss is not None or min_cosine is not None):
+        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "calibration=, max_cosine_loss= and min_cosine= "
+                                     "are precision='int8' options; give precision='int8' with them"))
+    return int8
 
 
 def _check_measurable(model, runtime, max_cosine_loss: float, min_cosine: float) -> None:
@@ -290,7 +318,7 @@ def _check_measurable(model, runtime, max_cosine_loss: float, min_cosine: float)
         problem = f"{model.manifest.name} has no `{ENTRY}` entry to measure the plan on"
     elif model.program.entries[ENTRY].result.dtype != "f32":
         problem = f"the model is {model.program.entries[ENTRY].result.dtype}; int8 is planned from an f32 model"
-    elif runtime.providers[0] != "CPUExecutionProvider":
+    elif getattr(runtime, "providers", ["CPUExecutionProvider"])[0] != "CPUExecutionProvider":
         problem = f"int8 runs on ORT's CPU provider, and the session runs on {runtime.providers[0]}"
     elif not 0 <= max_cosine_loss <= 2 or not -1 <= min_cosine <= 1:
         problem = (f"max_cosine_loss must be in [0, 2] and min_cosine in [-1, 1], found "

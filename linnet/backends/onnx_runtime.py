@@ -10,6 +10,7 @@ an `onnxruntime.InferenceSession` per entry on first use (see `OnnxRuntime`).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -260,6 +261,21 @@ class OnnxRuntime:
         return ort.InferenceSession(str(self.folder / file), sess_options=self._options_for(file),
                                     providers=self._providers)
 
+    @contextmanager
+    def use_graph(self, entry: str, file: str):
+        """Run `entry` on another graph file of the export while the block runs (the int8 plan
+        measures its candidates so)."""
+        session = self.open_file(file)
+        previous = self.sessions.get(entry)
+        self.sessions[entry] = session
+        try:
+            yield
+        finally:
+            if previous is None:
+                self.sessions.pop(entry, None)
+            else:
+                self.sessions[entry] = previous
+
     def plan_int8(self, model, calibration=None, max_cosine_loss=None, min_cosine=None) -> dict:
         """Measure (or read back) the int8 plan on the loaded f32 model (`onnx_int8.plan`) and run
         every entry by it from now on; what it measured, for `model.info.precision`."""
@@ -460,10 +476,9 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
                  max_cosine_loss: float | None = None, min_cosine: float | None = None) -> OnnxRuntime:
     # The options were checked against the record by `nest.load`.  precision="int8" is planned by
     # `finish_load` once the model (its tokenizer, `encode`) exists; the graphs are exported f32.
-    int8 = precision == "int8"
-    if not int8 and (calibration is not None or max_cosine_loss is not None or min_cosine is not None):
-        raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "calibration=, max_cosine_loss= and min_cosine= "
-                                     "are precision='int8' options; give precision='int8' with them"))
+    from .onnx_int8 import check_options
+
+    int8 = check_options(precision, calibration, max_cosine_loss, min_cosine)
     if int8 and share_weights:
         raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "precision='int8' and share_weights=True do not "
                                      "go together: the int8 graphs hold their own (int8) weights"))

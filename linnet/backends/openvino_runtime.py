@@ -19,6 +19,7 @@ precision asked for is refused (E0834), as is a hint the CPU has no arithmetic f
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ import openvino  # noqa: F401
 from .. import codes, dtypes
 from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
-from . import OPENVINO_PRECISIONS as PRECISIONS, LoadContext
+from . import OPENVINO_PRECISIONS as PRECISIONS, LoadContext, cache_dir
 from .onnx_files import default_file, entry_file
 from .onnx_runtime import (BUILD_NEEDS_WEIGHTS, _float_dtype, bf16_compute_for, build,  # noqa: F401
                            export_folder, graph_io, physical_cores)
@@ -86,7 +87,13 @@ class OpenVinoRuntime:
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
         root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
         self.generated = folder / layout(ctx.program, root)[0].file
+        self.root = root
+        #: Compiled graphs by entry (a computed default's by file name).
         self.compiled: dict[str, object] = {}
+        #: Graph files entries run on instead of their own: the int8 plan's, or a candidate's.
+        self.files: dict[str, str] = {}
+        #: The int8 plan (`plan_int8`), None at f32.
+        self.int8_plan = None
         self._lock = threading.Lock()
         self._requests = threading.local()
         self.compiled_model(root)
@@ -95,7 +102,7 @@ class OpenVinoRuntime:
         """The compiled graph of `entry` (or of the export's `file`, a computed default's), kept
         under the entry's name (or the file's)."""
         key = file or entry
-        file = file or entry_file(entry)
+        file = file or self._file(entry)
         compiled = self.compiled.get(key)
         if compiled is None:
             with self._lock:
@@ -116,11 +123,61 @@ class OpenVinoRuntime:
         requests = getattr(self._requests, "by_file", None)
         if requests is None:
             requests = self._requests.by_file = {}
-        key = file or entry_file(entry)
+        key = file or entry
+        compiled = self.compiled_model(entry, file)
         request = requests.get(key)
-        if request is None:
-            request = requests[key] = self.compiled_model(entry, file).create_infer_request()
-        return request
+        if request is None or request[0] is not compiled:  # none yet, or its graph was swapped
+            request = requests[key] = compiled, compiled.create_infer_request()
+        return request[1]
+
+    @contextmanager
+    def use_graph(self, entry: str, file: str):
+        """Run `entry` on another graph file of the export while the block runs (the int8 plan
+        measures its candidates so); the candidate's compiled model is dropped after."""
+        previous = self.files.get(entry), self.compiled.pop(entry, None)
+        self.files[entry] = file
+        try:
+            yield
+        finally:
+            self.files.pop(entry, None)
+            self.compiled.pop(entry, None)
+            if previous[0] is not None:
+                self.files[entry] = previous[0]
+            if previous[1] is not None:
+                self.compiled[entry] = previous[1]
+
+    def plan_int8(self, model, calibration=None, max_cosine_loss=None, min_cosine=None) -> dict:
+        """Measure (or read back) the static int8 plan on the loaded f32 model (`onnx_int8.plan`
+        over `int8_static.StaticInt8`), and run every entry whose graph the calibration texts
+        can feed by it from now on; what it measured, for `model.info.precision`."""
+        from . import onnx_int8
+        from .int8_static import StaticInt8, calibration_feeds
+
+        texts = onnx_int8.calibration_texts(calibration)
+        names = tuple(n for n, _ in self.program.entries[onnx_int8.ENTRY].inputs) \
+            if onnx_int8.ENTRY in self.program.entries else ()
+        quantiser = StaticInt8(calibration_feeds(model, texts, names) if names else [{}], onnx_int8.texts_digest(texts))
+        chosen = onnx_int8.plan(model, self, texts, max_cosine_loss, min_cosine, cache_dir(), quantiser)
+        fed = set().union(*(feed.keys() for feed in quantiser.feeds))
+        runs_int8 = [e for e, spec in self.program.entries.items() if {n for n, _ in spec.inputs} <= fed]
+        with self._lock:
+            self.int8_plan = chosen
+            self._int8 = quantiser, set(runs_int8)
+            self.compiled.clear()
+            self._requests = threading.local()
+        self.compiled_model(self.root)
+        return {**chosen.info(), "entries": runs_int8}
+
+    def _file(self, entry: str) -> str:
+        """The graph file `entry` runs: a candidate's while one is measured, else the int8
+        plan's (written at the entry's first call), else the export's own."""
+        if entry in self.files:
+            return self.files[entry]
+        if self.int8_plan is not None and entry in self._int8[1]:
+            file = self._int8[0].file(self.folder, entry_file(entry), tuple(self.int8_plan.kept_f32)).name
+            self.files[entry] = file
+            return file
+        return entry_file(entry)
 
     def run(self, entry: str, inputs: list[np.ndarray]) -> np.ndarray:
         spec = self.program.entries[entry]
@@ -155,8 +212,14 @@ def _check_count(name: str, value: int) -> int:
 
 
 def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = None,
-                 num_streams: int | None = None, threads: int | None = None) -> OpenVinoRuntime:
+                 num_streams: int | None = None, threads: int | None = None, precision: str | None = None,
+                 calibration=None, max_cosine_loss: float | None = None,
+                 min_cosine: float | None = None) -> OpenVinoRuntime:
     # The options were checked against the record (types, precision words) by `nest.load`.
+    # precision="int8" is planned by `finish_load` once the model (its tokenizer) exists.
+    from .onnx_int8 import check_options
+
+    int8 = check_options(precision, calibration, max_cosine_loss, min_cosine)
     if device is not None and str(device) != "cpu":
         raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the openvino backend runs on the CPU only (device='cpu' or "
                                      f"none), found device={device!r}"))
@@ -164,15 +227,17 @@ def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = 
     count = _check_count("threads", physical_cores() if threads is None else threads)
     caps = capabilities(openvino.Core())
     dtype = _float_dtype(ctx)
-    precision = default_precision(dtype, caps) if precision_hint is None else precision_hint
-    if _CAPABILITY[precision] not in caps:
+    hint = default_precision(dtype, caps) if precision_hint is None else precision_hint
+    if _CAPABILITY[hint] not in caps:
         raise LinnetError(Diagnostic(codes.OPENVINO_PRECISION,
-                                     f"precision_hint={precision!r}: OpenVINO's CPU plugin has no {precision} "
+                                     f"precision_hint={hint!r}: OpenVINO's CPU plugin has no {hint} "
                                      f"arithmetic on this CPU (its capabilities: {', '.join(caps)})"))
     # The graphs ORT's CPU provider runs (bf16 models: f32 nodes between bf16 tensors) unless the
     # model's bf16 is to be computed in bf16, where OpenVINO takes the native bf16 nodes.
-    bf16_compute = "native" if precision == "bf16" else bf16_compute_for(dtype, cpu=True)
+    bf16_compute = "native" if hint == "bf16" else bf16_compute_for(dtype, cpu=True)
     folder = export_folder(ctx, bf16_compute)
-    runtime = OpenVinoRuntime(ctx, folder, precision, count, streams)
+    runtime = OpenVinoRuntime(ctx, folder, hint, count, streams)
     runtime.bf16_compute = bf16_compute
+    if int8:
+        runtime.finish_load = lambda model: runtime.plan_int8(model, calibration, max_cosine_loss, min_cosine)
     return runtime
