@@ -77,7 +77,7 @@ class StaticInt8:
         model = onnx.load(str(folder / file))
         quantised = [n for n in dense_nodes(model) if n not in kept_f32]
         as_matmuls(model)
-        smooth(model, quantised, self._input_ranges(folder / file))
+        smooth(model, quantised, self._input_ranges(folder / file, model))
         feeds = self._feeds_for(model)
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             smoothed = Path(scratch) / "smoothed.onnx"
@@ -91,15 +91,16 @@ class StaticInt8:
         names = {i.name for i in model.graph.input}
         return [{k: v for k, v in feed.items() if k in names} for feed in self.feeds]
 
-    def _input_ranges(self, graph: Path) -> dict[str, np.ndarray]:
+    def _input_ranges(self, graph: Path, matmuls) -> dict[str, np.ndarray]:
         """max |x| per input channel of every dense product's input over the calibration feeds
-        (the f32 graph, run once per file by ORT with those tensors as extra outputs)."""
+        (`matmuls`, the f32 graph after `as_matmuls`, run once per file by ORT with those
+        tensors as extra outputs; `matmuls` itself is left as it was)."""
         if graph not in self._ranges:
             import onnx
             import onnxruntime as ort
 
-            model = onnx.load(str(graph))
-            as_matmuls(model)
+            model = onnx.ModelProto()
+            model.CopyFrom(matmuls)
             wanted = set(dense_nodes(model))
             inputs = list(dict.fromkeys(n.input[0] for n in model.graph.node if n.name in wanted))
             for name in inputs:

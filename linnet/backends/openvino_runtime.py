@@ -92,8 +92,11 @@ class OpenVinoRuntime:
         self.compiled: dict[str, object] = {}
         #: Graph files entries run on instead of their own: the int8 plan's, or a candidate's.
         self.files: dict[str, str] = {}
-        #: The int8 plan (`plan_int8`), None at f32.
+        #: The int8 plan (`plan_int8`), None at f32; the quantiser that writes its graphs, and
+        #: the entries that run it.
         self.int8_plan = None
+        self._int8_quantiser = None
+        self._int8_entries: set[str] = set()
         self._lock = threading.Lock()
         self._requests = threading.local()
         self.compiled_model(root)
@@ -162,7 +165,7 @@ class OpenVinoRuntime:
         runs_int8 = [e for e, spec in self.program.entries.items() if {n for n, _ in spec.inputs} <= fed]
         with self._lock:
             self.int8_plan = chosen
-            self._int8 = quantiser, set(runs_int8)
+            self._int8_quantiser, self._int8_entries = quantiser, set(runs_int8)
             self.compiled.clear()
             self._requests = threading.local()
         self.compiled_model(self.root)
@@ -173,8 +176,8 @@ class OpenVinoRuntime:
         plan's (written at the entry's first call), else the export's own."""
         if entry in self.files:
             return self.files[entry]
-        if self.int8_plan is not None and entry in self._int8[1]:
-            file = self._int8[0].file(self.folder, entry_file(entry), tuple(self.int8_plan.kept_f32)).name
+        if self.int8_plan is not None and entry in self._int8_entries:
+            file = self._int8_quantiser.file(self.folder, entry_file(entry), tuple(self.int8_plan.kept_f32)).name
             self.files[entry] = file
             return file
         return entry_file(entry)
