@@ -51,9 +51,11 @@ def test_static_int8_encode_is_within_budget_of_sentence_transformers(int8, text
 
 def test_openvino_runs_the_planned_products_in_int8(int8):
     plan = int8.info.precision
-    graph = onnx.load(str(int8.runtime.folder / int8.runtime.files["embed"]), load_external_data=False)
-    ops = Counter(n.op_type for n in graph.graph.node)
-    assert ops["QuantizeLinear"] >= plan["quantised"]
+    graph = onnx.load(str(int8.runtime.folder / int8.runtime._file("embed")), load_external_data=False)
+    made_by = {out: node.op_type for node in graph.graph.node for out in node.output}
+    int8_products = [n for n in graph.graph.node if n.op_type == "MatMul"
+                     and [made_by.get(i) for i in n.input[:2]] == ["DequantizeLinear"] * 2]
+    assert len(int8_products) == plan["quantised"]
     assert any(n.name.endswith("/smooth") for n in graph.graph.node), "SmoothQuant's Mul is missing"
     # What OpenVINO compiled: one integer fully-connected layer per planned matrix.
     compiled = int8.runtime.compiled_model("embed").get_runtime_model()
@@ -63,6 +65,23 @@ def test_openvino_runs_the_planned_products_in_int8(int8):
     assert integer == plan["quantised"], layers
     # The rest runs at the f32 hint, read back as for f32.
     assert int8.runtime.compiled_model("embed").get_property("INFERENCE_PRECISION_HINT").to_string() == "f32"
+
+
+def test_the_static_graph_quantises_the_products_inputs_only(int8):
+    """A product's output feeds the residual sum, whose few huge values would set one uint8 scale
+    for all of it: only the products' inputs (and weights) may be quantised."""
+    graph = onnx.load(str(int8.runtime.folder / int8.runtime._file("embed")), load_external_data=False)
+    made_by = {out: node for node in graph.graph.node for out in node.output}
+    quantised = [made_by[n.input[0]] for n in graph.graph.node if n.op_type == "QuantizeLinear"
+                 and n.input[0] in made_by]
+    assert quantised, "no activation is quantised"
+    products = [n.name for n in quantised if n.op_type in ("MatMul", "Gemm")]
+    assert not products, f"{len(products)} products' outputs are quantised, e.g. {products[:2]}"
+    # Each quantised activation is SmoothQuant's output, and SmoothQuant only divides.
+    assert {n.op_type for n in quantised} == {"Mul"}
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.graph.initializer}
+    inverses = [inits[n.input[1]] for n in quantised]
+    assert max(float(v.max()) for v in inverses) <= 1.0, "a channel was multiplied, not divided"
 
 
 def test_smoothing_keeps_the_products_and_shares_one_scale_per_input():
