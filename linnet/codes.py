@@ -312,8 +312,8 @@ ONNX_BAD_DEVICE: Final = _register("E0832", "onnx-bad-device", "backend",
 BUILD_DTYPE_MISMATCH: Final = _register("E0833", "build-dtype-mismatch", "backend",
     "`build(dtype=...)` disagrees with the dtype the program was prepared with")
 OPENVINO_PRECISION: Final = _register("E0834", "openvino-precision", "backend",
-    "the openvino backend: a `precision_hint` the CPU has no arithmetic for, or a compiled model that "
-    "reads back another inference precision than the one asked for")
+    "the openvino backend: a compiled model that reads back another inference precision than the one "
+    "asked for")
 INT8_BUDGET: Final = _register("E0835", "int8-budget", "backend",
     "the onnx backend's `precision=\"int8\"`: no plan quantising at least one matrix meets the cosine "
     "budget (`max_cosine_loss`, `min_cosine`) on the calibration texts, or the model has nothing to "

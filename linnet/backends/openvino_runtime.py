@@ -12,13 +12,15 @@ on a CPU with AVX512_BF16 or AMX (this project's AMD EPYC among them: `INFERENCE
 reads `bf16` on a fresh `Core()`), which moves MiniLM's hidden state by ~1e-2, so every
 compile sets the hint (`precision_hint`, default: the model's float dtype, f32 for an f32
 model) and reads it back from the compiled model: a compiled model that does not run at the
-precision asked for is refused (E0834), as is a hint the CPU has no arithmetic for.
+precision asked for is refused (E0834).  A hint the CPU has no arithmetic for (bf16 without
+AVX512_BF16 or AMX) runs at f32 with a warning: exact, only slower.
 
 `build` is the onnx backend's (`linnet build --backend openvino` writes the same model.onnx).
 """
 from __future__ import annotations
 
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -232,9 +234,11 @@ def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = 
     dtype = _float_dtype(ctx)
     hint = default_precision(dtype, caps) if precision_hint is None else precision_hint
     if _CAPABILITY[hint] not in caps:
-        raise LinnetError(Diagnostic(codes.OPENVINO_PRECISION,
-                                     f"precision_hint={hint!r}: OpenVINO's CPU plugin has no {hint} "
-                                     f"arithmetic on this CPU (its capabilities: {', '.join(caps)})"))
+        # A CPU without the instructions: f32 is what it can run, and never less exact.
+        warnings.warn(f"precision_hint={hint!r}: OpenVINO's CPU plugin has no {hint} arithmetic on this CPU "
+                      f"(its capabilities: {', '.join(caps)}); running at f32, exact but without the "
+                      f"{hint} speed-up", stacklevel=2)
+        hint = "f32"
     # The graphs ORT's CPU provider runs (bf16 models: f32 nodes between bf16 tensors) unless the
     # model's bf16 is to be computed in bf16, where OpenVINO takes the native bf16 nodes.
     bf16_compute = "native" if hint == "bf16" else bf16_compute_for(dtype, cpu=True)
