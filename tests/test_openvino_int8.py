@@ -121,3 +121,17 @@ def test_int8_options_are_checked_on_openvino(minilm_checkpoint):
         with pytest.raises(LinnetError) as caught:
             nest.load("all-minilm-l6-v2", backend="openvino", weights=minilm_checkpoint, **options)
         assert caught.value.code == code, options
+
+
+def test_int8_without_the_instructions_falls_back_to_f32(monkeypatch, minilm_checkpoint):
+    """A CPU whose OpenVINO plugin lists no INT8 (forced here) runs f32 and says so."""
+    from linnet.backends import openvino_runtime
+
+    real = openvino_runtime.capabilities
+    monkeypatch.setattr(openvino_runtime, "capabilities", lambda core: tuple(c for c in real(core) if c != "INT8"))
+    with pytest.warns(UserWarning, match="no int8 arithmetic on this CPU.*running at f32"):
+        model = nest.load("all-minilm-l6-v2", backend="openvino", weights=minilm_checkpoint, precision="int8")
+    assert model.runtime.int8_plan is None and not model.info.precision
+    f32 = nest.load("all-minilm-l6-v2", backend="openvino", weights=minilm_checkpoint)
+    texts = ["a CPU without int8 kernels", "runs the f32 graph"]
+    np.testing.assert_array_equal(model.encode(texts, show_progress_bar=False), f32.encode(texts, show_progress_bar=False))

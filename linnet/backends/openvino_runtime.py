@@ -239,6 +239,12 @@ def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = 
                       f"(its capabilities: {', '.join(caps)}); running at f32, exact but without the "
                       f"{hint} speed-up", stacklevel=2)
         hint = "f32"
+    if int8 and "INT8" not in caps:
+        # Its int8 kernels are what the plan is for; without them the graph would run its
+        # quantisation emulated, slower than f32 and less exact.
+        warnings.warn(f"precision='int8': OpenVINO's CPU plugin has no int8 arithmetic on this CPU (its "
+                      f"capabilities: {', '.join(caps)}); running at f32", stacklevel=2)
+        int8 = False
     # The graphs ORT's CPU provider runs (bf16 models: f32 nodes between bf16 tensors) unless the
     # model's bf16 is to be computed in bf16, where OpenVINO takes the native bf16 nodes.
     bf16_compute = "native" if hint == "bf16" else bf16_compute_for(dtype, cpu=True)
