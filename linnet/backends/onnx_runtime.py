@@ -238,8 +238,6 @@ class OnnxRuntime:
     def session(self, entry: str):
         """The entry's session (or a file's, named with its `.onnx`), opened once (threads
         calling at once share one)."""
-        import onnxruntime as ort
-
         session = self.sessions.get(entry)
         if session is None:
             with self._lock:
@@ -281,9 +279,8 @@ class OnnxRuntime:
         every entry by it from now on; what it measured, for `model.info.precision`."""
         from . import onnx_int8
 
-        chosen = onnx_int8.plan(model, self, None if calibration is None else list(calibration),
-                                onnx_int8.MAX_COSINE_LOSS if max_cosine_loss is None else float(max_cosine_loss),
-                                onnx_int8.MIN_COSINE if min_cosine is None else float(min_cosine), cache_dir())
+        # `plan` fills in the default texts and budget.
+        chosen = onnx_int8.plan(model, self, calibration, max_cosine_loss, min_cosine, cache_dir())
         with self._lock:
             self.int8_plan = chosen
             self.sessions.clear()

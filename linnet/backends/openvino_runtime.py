@@ -107,12 +107,12 @@ class OpenVinoRuntime:
         """The compiled graph of `entry` (or of the export's `file`, a computed default's), kept
         under the entry's name (or the file's)."""
         key = file or entry
-        file = file or self._file(entry)
         compiled = self.compiled.get(key)
         if compiled is None:
             with self._lock:
                 compiled = self.compiled.get(key)
                 if compiled is None:
+                    file = file or self._file(entry)
                     model = self.core.read_model(str(self.folder / file))
                     compiled = self.core.compile_model(model, "CPU", self.config)
                     ran = hint_of(compiled)
@@ -216,6 +216,11 @@ def _check_count(name: str, value: int) -> int:
     return value
 
 
+def _warn_without(asked: str, arithmetic: str, caps: tuple[str, ...]) -> None:
+    warnings.warn(f"{asked}: OpenVINO's CPU plugin has no {arithmetic} arithmetic on this CPU (its "
+                  f"capabilities: {', '.join(caps)}); running at f32, exact but without the speed-up", stacklevel=3)
+
+
 def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = None,
                  num_streams: int | None = None, threads: int | None = None, precision: str | None = None,
                  calibration=None, max_cosine_loss: float | None = None,
@@ -233,17 +238,13 @@ def open_runtime(ctx: LoadContext, *, device=None, precision_hint: str | None = 
     caps = capabilities(openvino.Core())
     dtype = _float_dtype(ctx)
     hint = default_precision(dtype, caps) if precision_hint is None else precision_hint
+    # A CPU without the instructions runs f32, which is never less exact: a bf16 hint would
+    # gain nothing, and int8 would run its quantisation emulated, slower than f32.
     if _CAPABILITY[hint] not in caps:
-        # A CPU without the instructions: f32 is what it can run, and never less exact.
-        warnings.warn(f"precision_hint={hint!r}: OpenVINO's CPU plugin has no {hint} arithmetic on this CPU "
-                      f"(its capabilities: {', '.join(caps)}); running at f32, exact but without the "
-                      f"{hint} speed-up", stacklevel=2)
+        _warn_without(f"precision_hint={hint!r}", hint, caps)
         hint = "f32"
     if int8 and "INT8" not in caps:
-        # Its int8 kernels are what the plan is for; without them the graph would run its
-        # quantisation emulated, slower than f32 and less exact.
-        warnings.warn(f"precision='int8': OpenVINO's CPU plugin has no int8 arithmetic on this CPU (its "
-                      f"capabilities: {', '.join(caps)}); running at f32", stacklevel=2)
+        _warn_without("precision='int8'", "int8", caps)
         int8 = False
     # The graphs ORT's CPU provider runs (bf16 models: f32 nodes between bf16 tensors) unless the
     # model's bf16 is to be computed in bf16, where OpenVINO takes the native bf16 nodes.
