@@ -218,6 +218,25 @@ def _torch_kernels(structural: bool):
                 {"key": f"linnet-torch-auto-{suffix}", "structural": structural})
 
 
+class LinnetTorchPackedSteps(LinnetTorchKernels):
+    """torch with the kernel choice on, but its decode steps on the kernels chosen for many rows
+    (a packed oneDNN weight), as before one-row products were timed apart
+    (`torch_kernels.STEP_ENTRY` hidden while the model loads): the before half of a pair with
+    `linnet-torch-auto-structural` in one run."""
+
+    key = "linnet-torch-auto-packed-steps"
+
+    def __init__(self, weights: Path):
+        from linnet.backends import torch_kernels
+
+        before = torch_kernels.STEP_ENTRY
+        torch_kernels.STEP_ENTRY = None  # no entry has that name
+        try:
+            super().__init__(weights)
+        finally:
+            torch_kernels.STEP_ENTRY = before
+
+
 def _concat_steps(base):
     """`base` with generate on the cache path before it was written in place: the entries run
     as their source says (`EntrySteps` on torch: each step concatenates the cache twice and
@@ -248,7 +267,7 @@ class LinnetOnnxShared(Linnet):
 
 ALL = ([Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
        + [_torch_kernels(False), _torch_kernels(True)])
-ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared]
+ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared, LinnetTorchPackedSteps]
 BY_KEY = {m.key: m for m in ALL}
 
 

@@ -107,7 +107,8 @@ def test_a_qwen2_folder_runs_as_its_own_entry_with_the_same_tokens(tmp_path, mon
     assert decoder.linnet_entry(tmp_path / "hf") == tmp_path / "hf"
     out = tmp_path / "decoder.json"
     assert decoder.main(["--weights", str(tmp_path / "hf"), "--quick", "--seq", "6", "--new-tokens", "5",
-                         "--methods", "linnet-torch,linnet-torch-auto-structural", "--out", str(out)]) == 0
+                         "--methods", "linnet-torch,linnet-torch-auto-structural,linnet-torch-auto-packed-steps",
+                         "--out", str(out)]) == 0
     methods = json.loads(out.read_text())["methods"]
-    for key in ("linnet-torch", "linnet-torch-auto-structural"):
+    for key in ("linnet-torch", "linnet-torch-auto-structural", "linnet-torch-auto-packed-steps"):
         assert methods[key]["error"] is None and methods[key]["same_tokens"] is True, (key, methods[key])

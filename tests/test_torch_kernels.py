@@ -368,3 +368,141 @@ def test_a_tied_lm_head_runs_packed_and_decodes_as_transformers(family, private_
         want = reference.generate(torch.from_numpy(tokens[:1]), max_new_tokens=12, do_sample=False,
                                   pad_token_id=0).numpy()
     assert np.array_equal(auto.generate(tokens[:1], 12, eos_token_id=-1), want)
+
+
+@pytest.fixture()
+def two_threads():
+    """`split_gemv` splits over torch's threads, so it needs two (CI's machine has two cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("out_in", [True, False])
+@pytest.mark.parametrize("shape", [(576, 192), (101, 32), (3, 8)])
+def test_a_split_one_row_product_equals_f_linear(shape, out_in, two_threads):
+    """Both layouts, an odd output count (a vocabulary: the rows left over run apart), with and
+    without a bias; more than one row is not its business."""
+    import torch
+    import torch.nn.functional as F
+
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    stored = weight if out_in else weight.t().contiguous()
+    x = torch.randn(1, 1, in_features, generator=generator)
+    with torch.inference_mode():
+        for b in (bias, None):
+            got = torch_kernels.split_gemv(x, stored, b, out_in)
+            want = F.linear(x, weight, b)
+            assert got is not None and got.shape == want.shape == (1, 1, out_features)
+            assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
+
+
+def test_a_split_product_declines_what_it_cannot_split():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch_kernels.split_gemv(torch.randn(1, 8), torch.randn(4, 8), None) is None
+        torch.set_num_threads(2)  # [In, Out] splits the inputs: 7 of them do not halve
+        assert torch_kernels.split_gemv(torch.randn(1, 7), torch.randn(7, 4), None, out_in=False) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def _tiny_llama(tmp_path, vocab=101):
+    import torch
+    import transformers
+
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True)
+    reference = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            param.copy_(torch.randn_like(param) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
+    reference.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    reference.generation_config.eos_token_id = None
+    return reference.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_decoder_splits_its_one_row_products_and_packs_nothing(family, private_cache, monkeypatch, tmp_path,
+                                                                 two_threads):
+    """With oneDNN chosen for many rows and the split for one (both forced), a decoder's Linears
+    ([Out, In] in Llama, [In, Out] in GPT-2's Conv1D) keep their dense weights and never pack;
+    the prompt's logits stay within 1e-5 of the default kernels' and of transformers', and greedy
+    decoding is token-identical to transformers' generate."""
+    import torch
+
+    if family == "llama":
+        reference = _tiny_llama(tmp_path)
+        source, options, vocab, down = tmp_path / "hf", {}, 101, (32, 48)
+    else:
+        from fixtures.gpt2 import save_gpt2, write_tiny_entry
+
+        reference = save_gpt2(tmp_path / "hf", seed=2)
+        reference.generation_config.eos_token_id = None
+        source, options = write_tiny_entry(tmp_path / "entry"), {"weights": tmp_path / "hf" / "model.safetensors"}
+        vocab = reference.config.vocab_size
+        down = tuple(reference.transformer.h[0].mlp.c_proj.weight.shape)  # [In, Out], as stored
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    monkeypatch.setattr(torch_kernels, "probe_one_row",
+                        lambda w, b, rows, out_in=True: torch_kernels.Choice("split", 2.0, 0.0))
+    calls = []
+    real_split = torch_kernels.split_gemv
+    monkeypatch.setattr(torch_kernels, "split_gemv", lambda *a: calls.append(tuple(a[1].shape)) or real_split(*a))
+    auto = nest.load(source, backend="torch", **options)
+    plain = nest.load(source, backend="torch", kernels="default", **options)
+    assert {k for k, c in auto.runtime.kernels.items() if k.endswith(torch_kernels.ONE_ROW)}
+    linears = [m for m in auto.runtime.model.modules() if getattr(m, "linnet_kernel", None) is not None]
+    assert linears and all(m.linnet_kernel == "split" for m in linears)
+    tokens = np.random.default_rng(4).integers(0, vocab - 1, (2, 9))
+    with torch.no_grad():
+        theirs = reference(torch.from_numpy(tokens)).logits.numpy()
+    ours = np.asarray(auto(tokens))
+    np.testing.assert_allclose(ours, np.asarray(plain(tokens)), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    assert not calls  # nine rows a sequence: oneDNN over the plain weights
+    with torch.no_grad():
+        want = reference.generate(torch.from_numpy(tokens[:1]), max_new_tokens=12, do_sample=False,
+                                  pad_token_id=0).numpy()
+    assert np.array_equal(auto.generate(tokens[:1], 12, eos_token_id=-1), want)
+    head = (vocab, reference.config.hidden_size)
+    assert head in calls and down in calls  # the tied head and the MLP's down projection, stepping
+    assert not [m for m in linears if "linnet_packed_weight" in m.__dict__]
+    assert all(m.linnet_form.weight in dict(m.named_parameters()) for m in linears)
+
+
+def test_an_encoder_is_not_timed_at_one_row(minilm_checkpoint, private_cache, monkeypatch):
+    def no_probe(*args, **kwargs):
+        raise AssertionError("an encoder's products were timed at one row")
+
+    monkeypatch.setattr(torch_kernels, "probe_one_row", no_probe)
+    model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    assert not [k for k in model.runtime.kernels if k.endswith(torch_kernels.ONE_ROW)]
+
+
+def test_one_row_choices_are_measured_cached_and_reused(private_cache, monkeypatch, tmp_path, two_threads):
+    _tiny_llama(tmp_path)
+    first = nest.load(tmp_path / "hf", backend="torch")
+    one_row = {k: c for k, c in first.runtime.kernels.items() if k.endswith(torch_kernels.ONE_ROW)}
+    assert one_row and all(c.kernel in ("split", "onednn", "default") and c.max_error <= torch_kernels.TOLERANCE
+                           for c in one_row.values())
+    stored = json.loads((private_cache / "kernels" / "torch-linear.json").read_text())
+    assert set(one_row) <= set(stored[torch_kernels.machine_key()])
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("a cached shape was timed again")
+
+    monkeypatch.setattr(torch_kernels, "probe", no_probe)
+    monkeypatch.setattr(torch_kernels, "probe_one_row", no_probe)
+    again = nest.load(tmp_path / "hf", backend="torch")
+    assert again.runtime.kernels == first.runtime.kernels

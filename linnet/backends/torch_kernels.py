@@ -23,6 +23,13 @@ autograd is off (`nest.load` runs entries under `torch.inference_mode`); anythin
 `kernels="default"`) runs the generated `F.linear` over the dense weight, and never packs. The inference model is inference-only: training
 uses `model.torch_module()` (`linnet.nest.training`), built apart with parameters of its own,
 and saving a loaded model reads the checkpoint.
+
+A decoder (a program with a `decode` entry) spends its steps on one-row products, which read
+the whole weight for one row of output and so run at the memory's speed, not the cores':
+there each shape is also timed at one row (`probe_one_row`) against `split_gemv`, one
+matrix-vector product per thread over its own block of the weight. Where that wins, the
+Linear keeps its dense weight and packs nothing: one-row calls split, others run oneDNN over
+the plain weight (`install_split_gemv`). An encoder is never timed so.
 """
 from __future__ import annotations
 
@@ -42,11 +49,18 @@ log = logging.getLogger("linnet.torch")
 #: Rows of the probe input: one sequence of 128 tokens, BERT's usual serving shape.
 PROBE_ROWS = 128
 
+#: The entry a decoder runs once per generated token: a program that has it also has its
+#: products timed at one row (`probe_one_row`), the row count of a step at batch 1.
+STEP_ENTRY = "decode"
+
+#: Suffix of a shape's one-row choice in the cache and `choose_and_apply`'s result.
+ONE_ROW = "@1row"
+
 
 @dataclass(frozen=True)
 class Choice:
-    kernel: str        # "onednn" or "default"
-    speedup: float     # default's time / oneDNN's time in the probe
+    kernel: str        # "onednn" or "default"; at one row (`one_row_key`) also "split"
+    speedup: float     # default's time / oneDNN's time in the probe (at one row: the rows' kernel / split's)
     max_error: float   # relative max |difference| in the probe
 
 
@@ -60,34 +74,45 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
     if not torch.backends.mkldnn.is_available():
         return {}
     linears = [(_submodule(model, prefix), form) for prefix, form in dense_instances(program)]
+    steps = STEP_ENTRY in program.entries
     cached = _CACHE.read(cache_dir)
     choices: dict[str, Choice] = {}
+
+    def choose(key: str, measure) -> Choice:
+        if key not in choices:
+            choices[key] = cached.get(key) or measure()
+        return choices[key]
+
     for module, form in linears:
-        if getattr(module, "linnet_kernel", None) == "onednn":
+        if getattr(module, "linnet_kernel", None) is not None:
             continue  # once per module, should two instances name the same one
         weight = _out_in_weight(module, form)
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
         bias = None if form.bias is None else _param(module, form.bias)
         key = shape_key(weight)
-        if key not in choices:
-            choices[key] = cached.get(key) or probe(weight, bias)
-        if choices[key].kernel == "onednn":
+        rows = choose(key, lambda: probe(weight, bias))
+        param = module._parameters[form.weight]
+        if (steps and _splittable(param)
+                and choose(one_row_key(key, form.out_in),
+                           lambda: probe_one_row(param, bias, rows, form.out_in)).kernel == "split"):
+            install_split_gemv(module, form, onednn_rows=rows.kernel == "onednn")
+        elif rows.kernel == "onednn":
             install_onednn(module, form, lazy=True)
     for module, method, form in dense_heads(model, program):
         weight = module._parameters[form.weight]
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
         key = shape_key(weight)
-        if key not in choices:
-            choices[key] = cached.get(key) or probe(weight, None)
-        if choices[key].kernel == "onednn":
-            install_onednn_method(module, method, form, lazy=True)
+        rows = choose(key, lambda: probe(weight, None))
+        one_row = (steps and _splittable(weight)
+                   and choose(one_row_key(key, True), lambda: probe_one_row(weight, None, rows)).kernel == "split")
+        if rows.kernel == "onednn" or one_row:
+            install_onednn_method(module, method, form, lazy=True, packed_rows=rows.kernel == "onednn",
+                                  split_one_row=one_row)
     if cache_dir is not None and any(k not in cached for k in choices):
         _CACHE.record(cache_dir, {**cached, **choices})
-    used = sum(c.kernel == "onednn" for c in choices.values())
-    log.info("torch Linear kernels: oneDNN for %d of %d shapes (%s)", used, len(choices),
-             ", ".join(f"{k} x{c.speedup:.2f}" for k, c in choices.items()))
+    log.info("torch Linear kernels: %s", ", ".join(f"{k} {c.kernel} x{c.speedup:.2f}" for k, c in choices.items()))
     return choices
 
 
@@ -135,12 +160,14 @@ def dense_heads(model, program) -> list[tuple[object, str, DenseForm]]:
     return out
 
 
-def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = False) -> None:
+def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = False,
+                          packed_rows: bool = True, split_one_row: bool = False) -> None:
     """Run `module.method` (a bias-free `x W^T` over the [Out, In] param `form.weight`) through a
     packed oneDNN copy of the weight whenever autograd is off, packed at its first such call
     when `lazy`, else now. The dense weight stays: other methods read it (the embedding looks
     up its rows), so the packed copy is extra memory, the product's weight once more (SmolLM2:
-    113 MB)."""
+    113 MB). `split_one_row`: a one-row call runs `split_gemv` over the dense weight instead
+    (and packs nothing); `packed_rows` False: other calls run the generated method."""
     import torch
 
     generated = getattr(module, method)
@@ -161,12 +188,17 @@ def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = 
     def rerouted(self, x):
         if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
             return generated(x)
-        return _onednn_linear(x, packed(self), None)
+        if split_one_row and _one_row(x):
+            y = split_gemv(x, self._parameters[form.weight], None)
+            if y is not None:
+                return y
+        return _onednn_linear(x, packed(self), None) if packed_rows else generated(x)
 
     setattr(module, method, types.MethodType(rerouted, module))
-    module.linnet_onednn_methods = {**getattr(module, "linnet_onednn_methods", {}), method: packed}
-    if not lazy:
-        packed(module)
+    if packed_rows:
+        module.linnet_onednn_methods = {**getattr(module, "linnet_onednn_methods", {}), method: packed}
+        if not lazy:
+            packed(module)
 
 
 #: What `install_onednn` assumes without a form: torch's Linear layout, `weight` [Out, In] and `bias`.
@@ -198,6 +230,11 @@ def _submodule(model, prefix: str):
     return module
 
 
+def one_row_key(key: str, out_in: bool) -> str:
+    """Where a shape's one-row choice is kept: `split_gemv` blocks an [In, Out] weight otherwise."""
+    return key + ONE_ROW + ("" if out_in else ":in-out")
+
+
 def shape_key(weight) -> str:
     out_features, in_features = weight.shape
     return f"{in_features}x{out_features}:{str(weight.dtype).removeprefix('torch.')}"
@@ -223,6 +260,128 @@ def probe(weight, bias, rounds: int = 7) -> Choice:
     speedup = median(default_times) / median(onednn_times)
     kernel = "onednn" if error <= TOLERANCE and speedup >= MIN_SPEEDUP else "default"
     return Choice(kernel, round(speedup, 3), error)
+
+
+#: Bytes of weights a one-row probe reads per timed pass: twice a Zen 4 chiplet's last-level
+#: cache (32 MB), so each product reads its weight from memory, as a decoder step's do
+#: (SmolLM2's step reads 538 MB). Timed on one weight over and over, the weight stays in cache
+#: and the split's gain hides (576 x 576: 0.97x hot, 1.5-2x streamed).
+STREAM_BYTES = 64 << 20
+#: At most this many copies of a small weight (a test's tiny model).
+STREAM_COPIES = 64
+
+
+def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int = 5) -> Choice:
+    """Time one row through `split_gemv` against the kernel `rows` chose for many rows (a
+    packed oneDNN weight, or the default), interleaved, each over copies of `weight` (as
+    stored: [In, Out] unless `out_in`) enough to stream from memory: "split" when it is faster
+    by `MIN_SPEEDUP` and within `TOLERANCE` of the default kernel, else `rows.kernel`."""
+    import torch
+    import torch.nn.functional as F
+
+    def dense(w):  # [Out, In], as F.linear and oneDNN read it
+        return w if out_in else w.t()
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, dense(weight).shape[1], generator=generator, dtype=weight.dtype)
+    with torch.inference_mode():
+        reference = F.linear(x, dense(weight), bias)
+        candidate = split_gemv(x, weight, bias, out_in)
+        if candidate is None:
+            return Choice(rows.kernel, 1.0, 0.0)
+        error = float((candidate - reference).abs().max()) / max(1.0, float(reference.abs().max()))
+        count = max(1, min(STREAM_COPIES, -(-STREAM_BYTES // (weight.numel() * weight.element_size()))))
+        copies = [weight.clone() for _ in range(count)]
+        if rows.kernel == "onednn":
+            packed = [torch.ops.mkldnn._reorder_linear_weight(dense(w).contiguous(), PROBE_ROWS) for w in copies]
+            current = lambda: [_onednn_linear(x, p, bias) for p in packed]  # noqa: E731
+        else:
+            current = lambda: [F.linear(x, dense(w), bias) for w in copies]  # noqa: E731
+        split = lambda: [split_gemv(x, w, bias, out_in) for w in copies]  # noqa: E731
+        current_times, split_times = [], []
+        for _ in range(rounds):
+            current_times.append(seconds(current))
+            split_times.append(seconds(split))
+    speedup = median(current_times) / median(split_times)
+    kernel = "split" if error <= TOLERANCE and speedup >= MIN_SPEEDUP else rows.kernel
+    return Choice(kernel, round(speedup, 3), error)
+
+
+def split_gemv(x, weight, bias, out_in: bool = True):
+    """`x W^T (+ b)` for an `x` holding one row ([..., In], a decoder step at batch 1) and a
+    contiguous weight, as one batched product over as many blocks of the weight as torch has
+    threads: each thread streams its block through a one-thread matrix-vector product.
+    Measured on a Zen 4 (2 threads, SmolLM2's shapes, weights read from memory as in a step),
+    that reads 26-35 GB/s of weights where MKL's two-thread product reads 9-16 and a packed
+    oneDNN weight 19-21. None when it does not apply (one thread; `In` not divisible).
+
+    [Out, In] (`out_in`): blocks of output rows, the rows left over (an odd vocabulary) in one
+    more product; the row goes in as an [In, 1] view with strides (1, In), since the same
+    values as a contiguous column took MKL's batched product about 5x as long. [In, Out]
+    (GPT-2's Conv1D): blocks of the inputs, whose partial products are summed."""
+    import torch
+
+    parts = torch.get_num_threads()
+    if parts < 2:
+        return None
+    if out_in:
+        out_features, in_features = weight.shape
+        whole = out_features - out_features % parts
+        column = x.reshape(1, in_features).t()
+        blocks = weight[:whole].view(parts, whole // parts, in_features)
+        y = torch.bmm(blocks, column.unsqueeze(0).expand(parts, in_features, 1)).reshape(whole)
+        if whole < out_features:
+            y = torch.cat([y, (weight[whole:] @ column).reshape(-1)])
+    else:
+        in_features, out_features = weight.shape
+        if in_features % parts:
+            return None
+        step = in_features // parts
+        y = torch.bmm(x.reshape(parts, 1, step), weight.view(parts, step, out_features)).sum(0)
+    y = y.reshape(*x.shape[:-1], out_features)
+    return y if bias is None else y + bias
+
+
+def _splittable(weight) -> bool:
+    """Whether `split_gemv` can view `weight` (the param as stored) in blocks."""
+    return weight.dim() == 2 and weight.is_contiguous()
+
+
+def _one_row(x) -> bool:
+    return x.numel() == x.shape[-1]
+
+
+def install_split_gemv(module, form: DenseForm, *, onednn_rows: bool) -> None:
+    """A decoder's Linear, whose one-row calls (each step at batch 1) `split_gemv` runs faster
+    than the kernel chosen for many rows: those run `split_gemv` over the dense weight, and every
+    other call with autograd off runs oneDNN over that same plain weight (`onednn_rows`; an [In,
+    Out] one as its transposed view) or the generated `F.linear`. Measured on SmolLM2's and
+    GPT-2's shapes (Zen 4), oneDNN over the plain weight gives the packed weight's bits at two
+    rows and more and is 0-13% slower at 128. Nothing is packed: the weight is held once, as
+    loaded."""
+    import torch
+
+    bias_name = form.bias
+
+    def rerouted(generated):
+        def forward(self, x):
+            if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+                return generated(x)
+            weight = self._parameters[form.weight]
+            bias = None if bias_name is None else _param(self, bias_name)
+            if _one_row(x):
+                y = split_gemv(x, weight, bias, form.out_in)
+                if y is not None:
+                    return y
+            if onednn_rows:
+                return _onednn_linear(x, weight if form.out_in else weight.t(), bias)
+            return generated(x)
+        return forward
+
+    for name in _linear_methods(module):
+        setattr(module, name, types.MethodType(rerouted(getattr(module, name)), module))
+    module.linnet_kernel = "split"
+    module.linnet_form = form
 
 
 def install_onednn(module, form: DenseForm | None = None, *, lazy: bool = False) -> None:
