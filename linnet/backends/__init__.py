@@ -147,7 +147,8 @@ RECORDS: dict[str, Backend] = {b.name: b for b in (
                 Option("mode", (str,), "eager", '"eager" runs the generated module as it is; "compile" through '
                        'torch.compile (inductor); "cudagraphs" captures CUDA graphs (needs device="cuda")',
                        TORCH_MODES, codes.BAD_TORCH_MODE),
-                _kernels("each Linear shape's kernel (eager, CPU: oneDNN with a packed weight, or torch's matmul)",
+                _kernels("each Linear shape's kernel (eager, CPU: oneDNN with a packed weight, or torch's matmul; "
+                         "a decoder's one-row products also one matrix-vector product per thread)",
                          codes.BAD_TORCH_MODE))),
     # `pack_tokens` among them: measured faster on padded batches and no slower without padding
     # (docs/backends.md, "Padding-free execution"); the token count is bucketed.
