@@ -39,8 +39,11 @@ if method == "transformers":
         out = model(input_ids=torch.from_numpy(ids)).last_hidden_state.numpy()
 else:
     from linnet import nest
+    if method == "torch-pack-first":  # every Linear packs at its first call, as before PLAIN_ROWS
+        from linnet.backends import torch_kernels
+        torch_kernels.PLAIN_ROWS = 0
     imported = time.perf_counter()
-    model = nest.load("bert-base-uncased", backend=method, weights=folder)
+    model = nest.load("bert-base-uncased", backend=method.split("-")[0], weights=folder)
     loaded = time.perf_counter()
     out = np.asarray(model.forward(tokens=ids.astype(np.int32), attention_mask=np.ones((1, 16), np.int32)))
 done = time.perf_counter()
@@ -50,6 +53,9 @@ print(json.dumps({"import": imported - start, "load": loaded - imported, "first"
 """
 
 METHODS = ("transformers", "torch", "onnx")
+#: Also `--methods`: torch with every Linear packed at its first call (`PLAIN_ROWS = 0`), as
+#: before short first calls ran on the plain weights.
+OTHER_METHODS = ("torch-pack-first",)
 
 
 def _child(method: str, folder: Path) -> dict:
@@ -63,26 +69,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.first_result", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("nest/bert-base-uncased/first-result.json"))
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated, transformers always first: {', '.join(METHODS + OTHER_METHODS)}")
     args = parser.parse_args(argv)
+    methods = ("transformers",) + tuple(m for m in args.methods.split(",") if m and m != "transformers")
+    unknown = [m for m in methods if m not in METHODS + OTHER_METHODS]
+    if unknown:
+        parser.error(f"unknown method {unknown[0]!r}")
 
     from bench.contention import ContentionMeter
     from bench.weights import resolve
 
     weights = resolve("bert-base-uncased")
     folder = weights.linnet_weights or Path(weights.source)
-    for method in METHODS:  # warms the page cache, the compiled program, kernel choices, the export
+    for method in methods:  # warms the page cache, the compiled program, kernel choices, the export
         _child(method, folder)
-    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
     meter = ContentionMeter()
     for r in range(args.rounds):
-        for method in METHODS if r % 2 == 0 else reversed(METHODS):
+        for method in methods if r % 2 == 0 else reversed(methods):
             runs[method].append(_child(method, folder))
             print(f"round {r + 1} {method}: " + ", ".join(f"{k} {v:.3f}s" for k, v in runs[method][-1].items()
                                                            if k != "row0"), flush=True)
     contention = meter.stop()
     # The same outputs, so each method timed the same work (transformers is the reference).
     reference = runs["transformers"][0]["row0"]
-    worst = max(abs(a - b) for m in METHODS for a, b in zip(runs[m][0]["row0"], reference))
+    worst = max(abs(a - b) for m in methods for a, b in zip(runs[m][0]["row0"], reference))
 
     def median(method: str, *parts: str) -> float:
         return statistics.median(sum(run[p] for p in parts) for run in runs[method])
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         median("transformers", "load", "first"), 2),
                  "all_x_transformers": round(median(m, "import", "load", "first") /
                                              median("transformers", "import", "load", "first"), 2)}
-             for m in METHODS}
+             for m in methods}
     result = {"what": "time to a first result: a new process's imports, load, one forward (1 x 16 tokens), "
                       "warm caches, medians", "cpu": _cpu(), "rounds": args.rounds, "weights": weights.origin,
               "max_abs_diff_to_transformers": worst,

@@ -76,9 +76,11 @@ def test_an_installed_linear_holds_its_weight_once_and_gives_it_back_exactly():
     assert x.grad is not None and x.grad.shape == (4, 48)
 
 
-def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd():
+def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd(monkeypatch):
     import torch
     import torch.nn.functional as F
+
+    monkeypatch.setattr(torch_kernels, "PLAIN_ROWS", 0)  # no call runs on the plain weight first
 
     module = torch.nn.Linear(48, 24)
     weight, bias = module.weight.detach().clone(), module.bias.detach().clone()
@@ -104,6 +106,36 @@ def test_a_lazily_installed_linear_packs_at_its_first_call_without_autograd():
         assert torch.equal(module(x.detach()), eager(x.detach()))
 
 
+def test_short_first_calls_run_on_the_plain_weight_with_the_packed_bits():
+    """A lazily installed Linear runs calls of 2 rows and more on its plain weight until they
+    would pass `PLAIN_ROWS` (a first result then does no packing), with the bits an eagerly
+    packed copy gives; the call past it packs, and a one-row call packs at once."""
+    import torch
+
+    def pair():
+        lazy = torch.nn.Linear(384, 1536)
+        eager = torch.nn.Linear(384, 1536)
+        with torch.no_grad():
+            eager.weight.copy_(lazy.weight), eager.bias.copy_(lazy.bias)
+        torch_kernels.install_onednn(lazy, lazy=True)
+        torch_kernels.install_onednn(eager)
+        return lazy, eager
+
+    lazy, eager = pair()
+    rows, calls = 16, torch_kernels.PLAIN_ROWS // 16
+    with torch.inference_mode():
+        for i in range(calls):
+            x = torch.randn(1, rows, 384)
+            assert torch.equal(lazy(x), eager(x))
+            assert "linnet_packed_weight" not in lazy.__dict__, i
+        x = torch.randn(1, rows, 384)
+        assert torch.equal(lazy(x), eager(x))
+        assert "linnet_packed_weight" in lazy.__dict__ and "weight" not in dict(lazy.named_parameters())
+        lazy, eager = pair()
+        x = torch.randn(1, 1, 384)
+        assert torch.equal(lazy(x), eager(x)) and "linnet_packed_weight" in lazy.__dict__
+
+
 def _onednn_modules(model) -> dict[str, object]:
     return {name: m for name, m in model.runtime.model.named_modules() if getattr(m, "linnet_kernel", None) == "onednn"}
 
@@ -114,8 +146,9 @@ def _packed(module) -> bool:
 
 def test_a_loaded_model_packs_each_linear_when_an_entry_first_runs_it(minilm_checkpoint, private_cache, monkeypatch):
     """Nothing is packed at load; `forward` packs the encoder's Linears and leaves the pooler,
-    which only `pool` calls, dense; `pool` then packs it."""
+    which only `pool` calls, dense; `pool` then packs it (no rows run plain first)."""
     monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    monkeypatch.setattr(torch_kernels, "PLAIN_ROWS", 0)
     model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
     chosen = _onednn_modules(model)
     assert len(chosen) == 6 * 4 + 1 and "pooler.dense" in chosen
@@ -131,8 +164,13 @@ def test_a_loaded_model_packs_each_linear_when_an_entry_first_runs_it(minilm_che
     assert torch_kernels.pack_pending(model.runtime.model) == 0
 
 
-def test_packing_at_first_use_gives_the_bits_of_packing_at_load(minilm_checkpoint, private_cache, monkeypatch):
+@pytest.mark.parametrize("plain_rows", [0, torch_kernels.PLAIN_ROWS])
+def test_packing_at_first_use_gives_the_bits_of_packing_at_load(plain_rows, minilm_checkpoint, private_cache,
+                                                                monkeypatch):
+    """Whether the first calls pack (`PLAIN_ROWS` 0) or run on the plain weights (these two
+    short texts are far under `PLAIN_ROWS`), the outputs are the packed weights' bits."""
     monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    monkeypatch.setattr(torch_kernels, "PLAIN_ROWS", plain_rows)
     lazy = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
     eager = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
     assert torch_kernels.pack_pending(eager.runtime.model) == 6 * 4 + 1
@@ -148,14 +186,22 @@ def test_packing_at_first_use_gives_the_bits_of_packing_at_load(minilm_checkpoin
         assert torch.equal(torch.as_tensor(np.asarray(got)), torch.as_tensor(np.asarray(want))), entry
         reference = np.asarray(getattr(plain, entry)(*args, **kwargs))  # and the default kernels' numbers
         np.testing.assert_allclose(np.asarray(got), reference, atol=1e-5, rtol=0)
+    assert any(_packed(m) for m in _onednn_modules(lazy).values()) == (plain_rows == 0)
 
 
-def test_threads_whose_first_calls_meet_pack_each_weight_once(minilm_checkpoint, private_cache, monkeypatch):
+@pytest.mark.parametrize("plain_calls", [0, 2])
+def test_threads_whose_first_calls_meet_pack_each_weight_once(plain_calls, minilm_checkpoint, private_cache,
+                                                              monkeypatch):
+    """Four threads' first calls at once: each weight packs once, whichever thread gets there
+    first; with room for two calls on the plain weights, the calls that run plain meanwhile
+    give the packed weights' bits too."""
     import threading
     import time
 
     monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
     model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    rows = int(np.asarray(model.tokenizer(TEXTS).tokens).size)  # what one call runs, padded or not
+    monkeypatch.setattr(torch_kernels, "PLAIN_ROWS", plain_calls * rows)
     want = np.asarray(nest.load("all-minilm-l6-v2", weights=minilm_checkpoint, kernels="default")(
         **model.tokenizer(TEXTS)))
     reorder, packed = torch_kernels._reorder, []

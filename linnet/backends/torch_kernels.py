@@ -9,10 +9,13 @@ is faster and its result is within `TOLERANCE` of the default kernel's (relative
 output's magnitude). Decisions are cached per machine (CPU model, thread count, torch
 version) and shape under `$LINNET_CACHE/kernels/`, so later loads do not time again.
 
-A chosen Linear is packed when it is first run with autograd off, not at load (`lazy=True`,
-what `choose_and_apply` installs): a load then costs no packing at all, and a Linear no entry
-calls (bert-base's pooler and MLM transform under `forward`) is never packed. Packing is the
-same reorder whenever it runs, so the outputs are bit-identical to packing at load; one lock
+A chosen Linear is packed when it is run with autograd off, not at load (`lazy=True`, what
+`choose_and_apply` installs): a load then costs no packing at all, and a Linear no entry
+calls (bert-base's pooler and MLM transform under `forward`) is never packed. Its first
+`PLAIN_ROWS` rows (a short first request) run oneDNN over the plain weight, which gives the
+packed weight's bits at 2 rows and more, so a first result waits for no reorder; one row, or a
+call past them, packs. Packing is the same reorder whenever it runs, so the outputs are
+bit-identical to packing at load; one lock
 makes the first call from several threads pack each weight once, and `pack_pending` packs
 every chosen Linear now (before forking workers, say). Once packed, a Linear holds its weight
 once: the dense tensor is let go and its pages of the memory-mapped checkpoint handed back
@@ -402,10 +405,14 @@ def install_onednn(module, form: DenseForm | None = None, *, lazy: bool = False)
         def forward(self, x):
             if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
                 return generated(x)
+            bias = None if bias_name is None else _param(self, bias_name)
             packed = self.__dict__.get("linnet_packed_weight")
             if packed is None:
+                plain = _plain_weight(self, form, x.numel() // x.shape[-1]) if lazy else None
+                if plain is not None:
+                    return _onednn_linear(x, plain, bias)
                 packed = _pack(self, form)
-            return _onednn_linear(x, packed, None if bias_name is None else _param(self, bias_name))
+            return _onednn_linear(x, packed, bias)
         return forward
 
     for name in _linear_methods(module):
@@ -414,6 +421,27 @@ def install_onednn(module, form: DenseForm | None = None, *, lazy: bool = False)
     module.linnet_form = form
     if not lazy:
         _pack(module, form)
+
+
+#: Rows a lazily installed Linear runs on its plain weight before it packs it. Packing reads
+#: and rewrites the whole weight out of cache (bert-base: 0.15-0.26 s for 50 weights, most of
+#: a first result's time), while oneDNN over the plain weight gives the same bits at 2 rows and
+#: more and costs about 3.6 us more per row at 16 rows (576 x 576; under 0.5 at 128): so a
+#: short first request (a query, a sentence) runs unpacked, and a weight packs before the rows
+#: it ran plain could have paid for its packing. A call whose rows would pass this packs first.
+PLAIN_ROWS = 512
+
+
+def _plain_weight(module, form: DenseForm, rows: int):
+    """The [Out, In] dense weight for this call of `rows` rows to run on unpacked, or None to
+    pack now: one row (whose bits differ between the plain and the packed weight) packs at
+    once, as does a call past `PLAIN_ROWS`, or a weight another thread has packed meanwhile."""
+    seen = module.__dict__.get("linnet_plain_rows", 0) + rows
+    weight = module._parameters.get(form.weight)
+    if rows < 2 or seen > PLAIN_ROWS or weight is None:
+        return None
+    module.linnet_plain_rows = seen
+    return weight if form.out_in else weight.t()
 
 
 def pack_pending(model) -> int:
