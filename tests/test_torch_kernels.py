@@ -378,7 +378,6 @@ def test_a_tied_lm_head_runs_packed_and_decodes_as_transformers(family, private_
     for the embedding: logits within 1e-5 of the default kernels' and transformers', and
     greedy decoding token-identical to transformers' generate."""
     import torch
-    import transformers
     from fixtures.gpt2 import save_gpt2, write_tiny_entry
 
     monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
@@ -387,16 +386,7 @@ def test_a_tied_lm_head_runs_packed_and_decodes_as_transformers(family, private_
         source, options = write_tiny_entry(tmp_path / "entry"), {"weights": tmp_path / "hf" / "model.safetensors"}
         head, table, vocab = "lm_head", "wte", 97
     else:
-        torch.manual_seed(2)
-        config = transformers.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                          tie_word_embeddings=True)
-        reference = transformers.LlamaForCausalLM(config)
-        with torch.no_grad():
-            for name, param in reference.named_parameters():
-                param.copy_(torch.randn_like(param) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
-        reference.save_pretrained(tmp_path / "hf", safe_serialization=True)
-        reference.eval()
+        reference = _tiny_llama(tmp_path, seed=2)
         source, options, head, table, vocab = tmp_path / "hf", {}, "tied_head", "embed_tokens", 101
     auto = nest.load(source, backend="torch", **options)
     plain = nest.load(source, backend="torch", kernels="default", **options)
@@ -462,12 +452,14 @@ def test_a_split_product_declines_what_it_cannot_split():
         torch.set_num_threads(before)
 
 
-def _tiny_llama(tmp_path, vocab=101):
+def _tiny_llama(tmp_path, seed=3):
+    """A tied Llama (GQA 4/2, vocab 101) saved by transformers into tmp_path/hf; returned in eval
+    mode, its generate ending on no id."""
     import torch
     import transformers
 
-    torch.manual_seed(3)
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                       tie_word_embeddings=True)
     reference = transformers.LlamaForCausalLM(config)

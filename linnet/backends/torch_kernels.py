@@ -43,7 +43,6 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import kernels
 from ..middle.linears import DenseForm, dense_form, dense_method
 from .measured import MIN_SPEEDUP, TOLERANCE, DecisionCache, cpu_model, median, seconds
 
