@@ -170,8 +170,6 @@ def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = 
     up its rows), so the packed copy is extra memory, the product's weight once more (SmolLM2:
     113 MB). `split_one_row`: a one-row call runs `split_gemv` over the dense weight instead
     (and packs nothing); `packed_rows` False: other calls run the generated method."""
-    import torch
-
     generated = getattr(module, method)
     holder: dict[str, object] = {}
 
@@ -188,7 +186,7 @@ def install_onednn_method(module, method: str, form: DenseForm, *, lazy: bool = 
         return found
 
     def rerouted(self, x):
-        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+        if _runs_generated(x):
             return generated(x)
         if split_one_row and _one_row(x):
             y = split_gemv(x, self._parameters[form.weight], None)
@@ -209,8 +207,20 @@ _TORCH_LINEAR = DenseForm("weight", "bias", True, None, None, "f32")
 
 def _out_in_weight(module, form: DenseForm):
     """The module's weight as [Out, In], the layout oneDNN packs (a transposed view for [In, Out])."""
-    weight = module._parameters[form.weight]
-    return weight if form.out_in else weight.t()
+    return _as_out_in(module._parameters[form.weight], form.out_in)
+
+
+def _as_out_in(weight, out_in: bool):
+    """A weight stored [Out, In] (`out_in`) or [In, Out], as the [Out, In] F.linear and oneDNN read."""
+    return weight if out_in else weight.t()
+
+
+def _runs_generated(x) -> bool:
+    """Whether a call runs the generated method, not a rerouted kernel: autograd on, or an input
+    that is not f32 on the CPU."""
+    import torch
+
+    return torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu"
 
 
 def _param(module, path: str):
@@ -281,8 +291,8 @@ def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int =
     import torch
     import torch.nn.functional as F
 
-    def dense(w):  # [Out, In], as F.linear and oneDNN read it
-        return w if out_in else w.t()
+    def dense(w):
+        return _as_out_in(w, out_in)
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, dense(weight).shape[1], generator=generator, dtype=weight.dtype)
@@ -361,13 +371,11 @@ def install_split_gemv(module, form: DenseForm, *, onednn_rows: bool) -> None:
     GPT-2's shapes (Zen 4), oneDNN over the plain weight gives the packed weight's bits at two
     rows and more and is 0-13% slower at 128. Nothing is packed: the weight is held once, as
     loaded."""
-    import torch
-
     bias_name = form.bias
 
     def rerouted(generated):
         def forward(self, x):
-            if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            if _runs_generated(x):
                 return generated(x)
             weight = self._parameters[form.weight]
             bias = None if bias_name is None else _param(self, bias_name)
@@ -376,7 +384,7 @@ def install_split_gemv(module, form: DenseForm, *, onednn_rows: bool) -> None:
                 if y is not None:
                     return y
             if onednn_rows:
-                return _onednn_linear(x, weight if form.out_in else weight.t(), bias)
+                return _onednn_linear(x, _as_out_in(weight, form.out_in), bias)
             return generated(x)
         return forward
 
@@ -394,15 +402,13 @@ def install_onednn(module, form: DenseForm | None = None, *, lazy: bool = False)
     Every method of a generated Linear is the same `F.linear` over the last axis (`forward`,
     and `forward_packed*`, the padding-free pass's copies for `[Tokens, In]` rows), so each is
     rerouted alike."""
-    import torch
-
     if form is None:  # a torch.nn.Linear, or std's Linear as generated
         form = _TORCH_LINEAR
     bias_name = form.bias
 
     def rerouted(generated):
         def forward(self, x):
-            if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            if _runs_generated(x):
                 return generated(x)
             bias = None if bias_name is None else _param(self, bias_name)
             packed = self.__dict__.get("linnet_packed_weight")
@@ -440,7 +446,7 @@ def _plain_weight(module, form: DenseForm, rows: int):
     if rows < 2 or seen > PLAIN_ROWS or weight is None:
         return None
     module.linnet_plain_rows = seen
-    return weight if form.out_in else weight.t()
+    return _as_out_in(weight, form.out_in)
 
 
 def pack_pending(model) -> int:
