@@ -439,6 +439,25 @@ def test_a_split_one_row_product_equals_f_linear(shape, out_in, two_threads):
             assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
 
 
+def test_a_split_linear_runs_a_prompt_on_the_default_matmul(two_threads):
+    """A Linear whose one-row calls split runs calls of several rows (a prompt) on torch's
+    default matmul, bit for bit: at SmolLM2's width oneDNN over the same weight sums in another
+    order (1.6x the default's rounding error), which 30 layers carry past 1e-4 in the logits."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(576, 192)
+    torch_kernels.install_split_gemv(linear, torch_kernels._TORCH_LINEAR)
+    assert linear.linnet_kernel == "split"
+    with torch.inference_mode():
+        for rows in (2, 16, 128):
+            x = torch.randn(rows, 576)
+            assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+        one = torch.randn(1, 576)
+        assert torch.equal(linear(one), torch_kernels.split_gemv(one, linear.weight, linear.bias))
+
+
 def test_a_split_product_declines_what_it_cannot_split():
     import torch
 
@@ -476,7 +495,8 @@ def test_a_decoder_splits_its_one_row_products_and_packs_nothing(family, private
                                                                  two_threads):
     """With oneDNN chosen for many rows and the split for one (both forced), a decoder's Linears
     ([Out, In] in Llama, [In, Out] in GPT-2's Conv1D) keep their dense weights and never pack;
-    the prompt's logits stay within 1e-5 of the default kernels' and of transformers', and greedy
+    a prompt's products run the default matmul (its hidden states are the default kernels'
+    bits), its logits within 1e-5 of the default kernels' and of transformers', and greedy
     decoding is token-identical to transformers' generate."""
     import torch
 
@@ -508,7 +528,9 @@ def test_a_decoder_splits_its_one_row_products_and_packs_nothing(family, private
     ours = np.asarray(auto(tokens))
     np.testing.assert_allclose(ours, np.asarray(plain(tokens)), atol=1e-5, rtol=0)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
-    assert not calls  # nine rows a sequence: oneDNN over the plain weights
+    assert not calls  # nine rows a sequence: the default matmul, not the split
+    # Below the head (oneDNN here), a prompt runs torch's default matmul: the default kernels' bits.
+    assert np.array_equal(np.asarray(auto.hidden_states(tokens)), np.asarray(plain.hidden_states(tokens)))
     with torch.no_grad():
         want = reference.generate(torch.from_numpy(tokens[:1]), max_new_tokens=12, do_sample=False,
                                   pad_token_id=0).numpy()

@@ -31,8 +31,8 @@ A decoder (a program with a `decode` entry) spends its steps on one-row products
 the whole weight for one row of output and so run at the memory's speed, not the cores':
 there each shape is also timed at one row (`probe_one_row`) against `split_gemv`, one
 matrix-vector product per thread over its own block of the weight. Where that wins, the
-Linear keeps its dense weight and packs nothing: one-row calls split, others run oneDNN over
-the plain weight (`install_split_gemv`). An encoder is never timed so.
+Linear keeps its dense weight and packs nothing: one-row calls split, others run the default
+matmul (`install_split_gemv`). An encoder is never timed so.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
         if (steps and _splittable(param)
                 and choose(one_row_key(key, form.out_in),
                            lambda: probe_one_row(param, bias, rows, form.out_in)).kernel == "split"):
-            install_split_gemv(module, form, onednn_rows=rows.kernel == "onednn")
+            install_split_gemv(module, form)
         elif rows.kernel == "onednn":
             install_onednn(module, form, lazy=True)
     for module, method, form in dense_heads(model, program):
@@ -363,28 +363,23 @@ def _one_row(x) -> bool:
     return x.numel() == x.shape[-1]
 
 
-def install_split_gemv(module, form: DenseForm, *, onednn_rows: bool) -> None:
+def install_split_gemv(module, form: DenseForm) -> None:
     """A decoder's Linear, whose one-row calls (each step at batch 1) `split_gemv` runs faster
-    than the kernel chosen for many rows: those run `split_gemv` over the dense weight, and every
-    other call with autograd off runs oneDNN over that same plain weight (`onednn_rows`; an [In,
-    Out] one as its transposed view) or the generated `F.linear`. Measured on SmolLM2's and
-    GPT-2's shapes (Zen 4), oneDNN over the plain weight gives the packed weight's bits at two
-    rows and more and is 0-13% slower at 128. Nothing is packed: the weight is held once, as
-    loaded."""
+    than the kernel chosen for many rows: those run `split_gemv` over the dense weight, every
+    other call (a prompt) the generated matmul, torch's default. Nothing is packed: the weight is
+    held once, as loaded. Not oneDNN over that plain weight for the prompt: on SmolLM2's shapes
+    (Zen 4, 128 rows) it ran no faster than MKL (259 against 257 ms for a prefill's products)
+    and its f32 sums carry 1.6x MKL's rounding error, which 30 layers carried SmolLM2's logits
+    to 1.3e-4 from transformers' (7.6e-5 with the default matmul)."""
     bias_name = form.bias
 
     def rerouted(generated):
         def forward(self, x):
-            if _runs_generated(x):
-                return generated(x)
-            weight = self._parameters[form.weight]
-            bias = None if bias_name is None else _param(self, bias_name)
-            if _one_row(x):
-                y = split_gemv(x, weight, bias, form.out_in)
+            if not _runs_generated(x) and _one_row(x):
+                bias = None if bias_name is None else _param(self, bias_name)
+                y = split_gemv(x, self._parameters[form.weight], bias, form.out_in)
                 if y is not None:
                     return y
-            if onednn_rows:
-                return _onednn_linear(x, _as_out_in(weight, form.out_in), bias)
             return generated(x)
         return forward
 
