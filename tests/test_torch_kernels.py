@@ -541,6 +541,29 @@ def test_a_decoder_splits_its_one_row_products_and_packs_nothing(family, private
     assert all(m.linnet_form.weight in dict(m.named_parameters()) for m in linears)
 
 
+def test_a_decoder_never_runs_its_linears_on_onednn(private_cache, monkeypatch, tmp_path, two_threads):
+    """Even where oneDNN would win at many rows and the split loses at one (both forced), a
+    decoder's Linears stay on torch's default matmul: oneDNN's f32 sums, over a deep residual
+    stream, take the logits past 1e-4 of transformers' (SmolLM2). The split is timed against
+    that default matmul; only the tied head may pack."""
+    import torch
+
+    _tiny_llama(tmp_path)
+    timed_against = []
+    monkeypatch.setattr(torch_kernels, "probe", lambda w, b: torch_kernels.Choice("onednn", 2.0, 0.0))
+    monkeypatch.setattr(torch_kernels, "probe_one_row",
+                        lambda w, b, rows, out_in=True: timed_against.append(rows.kernel)
+                        or torch_kernels.Choice(rows.kernel, 0.5, 0.0))
+    auto = nest.load(tmp_path / "hf", backend="torch")
+    plain = nest.load(tmp_path / "hf", backend="torch", kernels="default")
+    assert timed_against and set(timed_against) == {"default", "onednn"}  # the Linears', the head's
+    linears = [m for m in auto.runtime.model.modules() if isinstance(m, torch.nn.Module)
+               and getattr(m, "linnet_form", None) is not None]
+    assert not linears, [getattr(m, "linnet_kernel", None) for m in linears]
+    tokens = np.random.default_rng(5).integers(0, 100, (2, 9))
+    assert np.array_equal(np.asarray(auto.hidden_states(tokens)), np.asarray(plain.hidden_states(tokens)))
+
+
 def test_an_encoder_is_not_timed_at_one_row(minilm_checkpoint, private_cache, monkeypatch):
     def no_probe(*args, **kwargs):
         raise AssertionError("an encoder's products were timed at one row")

@@ -27,12 +27,15 @@ autograd is off (`nest.load` runs entries under `torch.inference_mode`); anythin
 uses `model.torch_module()` (`linnet.nest.training`), built apart with parameters of its own,
 and saving a loaded model reads the checkpoint.
 
-A decoder (a program with a `decode` entry) spends its steps on one-row products, which read
-the whole weight for one row of output and so run at the memory's speed, not the cores':
-there each shape is also timed at one row (`probe_one_row`) against `split_gemv`, one
-matrix-vector product per thread over its own block of the weight. Where that wins, the
-Linear keeps its dense weight and packs nothing: one-row calls split, others run the default
-matmul (`install_split_gemv`). An encoder is never timed so.
+A decoder (a program with a `decode` entry) is different. Its Linears run a prompt on torch's
+default matmul, never oneDNN: oneDNN's f32 sums carry 1.6x MKL's rounding error, and a
+decoder's deep residual stream carries that into the logits (SmolLM2's 30 layers: 1.3e-4 from
+transformers' against 7.6e-5). Its steps are one-row products, which read the whole weight for
+one row of output and so run at the memory's speed, not the cores': each shape is timed at one
+row (`probe_one_row`) against `split_gemv`, one matrix-vector product per thread over its own
+block of the weight, and where that wins the Linear's one-row calls split (`install_split_gemv`);
+nothing is packed. The tied LM head, whose error stays in its own product, keeps the measured
+choice between oneDNN and the default. An encoder is never timed at one row.
 """
 from __future__ import annotations
 
@@ -55,8 +58,10 @@ PROBE_ROWS = 128
 #: products timed at one row (`probe_one_row`), the row count of a step at batch 1.
 STEP_ENTRY = "decode"
 
-#: Suffix of a shape's one-row choice in the cache and `choose_and_apply`'s result.
-ONE_ROW = "@1row"
+#: Suffix of a shape's one-row choice in the cache and `choose_and_apply`'s result. ("v2": a
+#: decoder's Linears time the split against the default matmul, no longer a packed oneDNN one,
+#: so choices cached before are not read as these.)
+ONE_ROW = "@1row.v2"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class Choice:
     kernel: str        # "onednn" or "default"; at one row (`one_row_key`) also "split"
     speedup: float     # default's time / oneDNN's time in the probe (at one row: the rows' kernel / split's)
     max_error: float   # relative max |difference| in the probe
+
+
+#: torch's own matmul, unmeasured: what a decoder's Linear runs on prompts.
+DEFAULT = Choice("default", 1.0, 0.0)
 
 
 def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Choice]:
@@ -93,13 +102,13 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
             continue
         bias = None if form.bias is None else _param(module, form.bias)
         key = shape_key(weight)
-        rows = choose(key, lambda: probe(weight, bias))
-        param = module._parameters[form.weight]
-        if (steps and _splittable(param)
-                and choose(one_row_key(key, form.out_in),
-                           lambda: probe_one_row(param, bias, rows, form.out_in)).kernel == "split"):
-            install_split_gemv(module, form)
-        elif rows.kernel == "onednn":
+        if steps:  # a decoder: prompts on the default matmul (`install_split_gemv`), steps split where faster
+            param = module._parameters[form.weight]
+            if (_splittable(param)
+                    and choose(one_row_key(key, form.out_in),
+                               lambda: probe_one_row(param, bias, DEFAULT, form.out_in)).kernel == "split"):
+                install_split_gemv(module, form)
+        elif choose(key, lambda: probe(weight, bias)).kernel == "onednn":
             install_onednn(module, form, lazy=True)
     for module, method, form in dense_heads(model, program):
         weight = module._parameters[form.weight]
@@ -284,8 +293,8 @@ STREAM_COPIES = 64
 
 
 def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int = 5) -> Choice:
-    """Time one row through `split_gemv` against the kernel `rows` chose for many rows (a
-    packed oneDNN weight, or the default), interleaved, each over copies of `weight` (as
+    """Time one row through `split_gemv` against `rows.kernel` (the default matmul for a
+    decoder's Linear, the measured many-rows choice for its tied head), interleaved, each over copies of `weight` (as
     stored: [In, Out] unless `out_in`) enough to stream from memory: "split" when it is faster
     by `MIN_SPEEDUP` and within `TOLERANCE` of the default kernel, else `rows.kernel`."""
     import torch
@@ -365,12 +374,12 @@ def _one_row(x) -> bool:
 
 def install_split_gemv(module, form: DenseForm) -> None:
     """A decoder's Linear, whose one-row calls (each step at batch 1) `split_gemv` runs faster
-    than the kernel chosen for many rows: those run `split_gemv` over the dense weight, every
-    other call (a prompt) the generated matmul, torch's default. Nothing is packed: the weight is
-    held once, as loaded. Not oneDNN over that plain weight for the prompt: on SmolLM2's shapes
-    (Zen 4, 128 rows) it ran no faster than MKL (259 against 257 ms for a prefill's products)
-    and its f32 sums carry 1.6x MKL's rounding error, which 30 layers carried SmolLM2's logits
-    to 1.3e-4 from transformers' (7.6e-5 with the default matmul)."""
+    than torch's default matmul: those run `split_gemv` over the dense weight, every other call
+    (a prompt) the generated matmul. Nothing is packed: the weight is held once, as loaded. Not
+    oneDNN for the prompt, even over the plain weight: on SmolLM2's shapes (AVX2 EPYC, 128 rows)
+    that ran no faster than MKL (259 against 257 ms for a prefill's products), and its f32 sums
+    carry 1.6x MKL's rounding error, which 30 layers carried SmolLM2's logits to 1.3e-4 from
+    transformers' (7.6e-5 with the default matmul)."""
     bias_name = form.bias
 
     def rerouted(generated):
