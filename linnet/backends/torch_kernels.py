@@ -23,9 +23,10 @@ once: the dense tensor is let go and its pages of the memory-mapped checkpoint h
 transformers'), and `weight` gives it back on demand, `packed.to_dense()`, which reproduces
 the checkpoint's values exactly; so does `state_dict()`. The packed weight is used only while
 autograd is off (`nest.load` runs entries under `torch.inference_mode`); anything else (or
-`kernels="default"`) runs the generated `F.linear` over the dense weight, and never packs. The inference model is inference-only: training
-uses `model.torch_module()` (`linnet.nest.training`), built apart with parameters of its own,
-and saving a loaded model reads the checkpoint.
+`kernels="default"`) runs the generated `F.linear` over the dense weight, and never packs.
+The inference model is inference-only: training uses `model.torch_module()`
+(`linnet.nest.training`), built apart with parameters of its own, and saving a loaded model
+reads the checkpoint.
 
 A decoder (a program with a `decode` entry) is different. Its Linears run a prompt on torch's
 default matmul, never oneDNN: oneDNN's f32 sums carry 1.6x MKL's rounding error, and a
@@ -294,9 +295,10 @@ STREAM_COPIES = 64
 
 def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int = 5) -> Choice:
     """Time one row through `split_gemv` against `rows.kernel` (the default matmul for a
-    decoder's Linear, the measured many-rows choice for its tied head), interleaved, each over copies of `weight` (as
-    stored: [In, Out] unless `out_in`) enough to stream from memory: "split" when it is faster
-    by `MIN_SPEEDUP` and within `TOLERANCE` of the default kernel, else `rows.kernel`."""
+    decoder's Linear, the measured many-rows choice for its tied head), interleaved, each over
+    copies of `weight` (as stored: [In, Out] unless `out_in`) enough to stream from memory:
+    "split" when it is faster by `MIN_SPEEDUP` and within `TOLERANCE` of the default kernel,
+    else `rows.kernel`."""
     import torch
     import torch.nn.functional as F
 
