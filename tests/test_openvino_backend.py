@@ -159,12 +159,7 @@ def test_a_bf16_hint_on_an_f32_model_runs_bf16_where_the_cpu_has_it(minilm_check
     runs bf16 and the model says so. On one without (an AVX2 EPYC, say), this is the real case
     of the forced fallback below: the hint runs at f32, with a warning, as the f32 model does."""
     if not _cpu_has("BF16"):
-        with pytest.warns(UserWarning, match="no bf16 arithmetic on this CPU.*running at f32"):
-            model = nest.load("all-minilm-l6-v2", backend="openvino", precision_hint="bf16")
-        assert model.runtime.precision == "f32"
-        assert model.runtime.compiled["forward"].get_property("INFERENCE_PRECISION_HINT") == _ov_type("f32")
-        tokens, token_types = random_inputs(2, 64, seed=3)
-        np.testing.assert_array_equal(model(tokens, token_types), minilm_ov(tokens, token_types))
+        _assert_the_bf16_hint_runs_at_f32_and_says_so(minilm_ov, random_inputs(2, 64, seed=3))
         return
     bf16 = nest.load("all-minilm-l6-v2", backend="openvino", precision_hint="bf16")
     assert bf16.runtime.compiled["forward"].get_property("INFERENCE_PRECISION_HINT") == _ov_type("bf16")
@@ -185,12 +180,16 @@ def test_a_bf16_hint_without_the_instructions_falls_back_to_f32(monkeypatch, min
 
     real = openvino_runtime.capabilities
     monkeypatch.setattr(openvino_runtime, "capabilities", lambda core: tuple(c for c in real(core) if c != "BF16"))
+    _assert_the_bf16_hint_runs_at_f32_and_says_so(minilm_ov, random_inputs(2, 16, seed=5))
+
+
+def _assert_the_bf16_hint_runs_at_f32_and_says_so(minilm_ov, inputs):
+    """On a CPU without bf16 arithmetic: a warning, an f32 compilation, the f32 model's outputs."""
     with pytest.warns(UserWarning, match="no bf16 arithmetic on this CPU.*running at f32"):
         model = nest.load("all-minilm-l6-v2", backend="openvino", precision_hint="bf16")
     assert model.runtime.precision == "f32"
     assert model.runtime.compiled["forward"].get_property("INFERENCE_PRECISION_HINT") == _ov_type("f32")
-    tokens, token_types = random_inputs(2, 16, seed=5)
-    np.testing.assert_array_equal(model(tokens, token_types), minilm_ov(tokens, token_types))
+    np.testing.assert_array_equal(model(*inputs), minilm_ov(*inputs))
 
 
 def test_a_compiled_model_at_another_precision_is_refused(monkeypatch, minilm_checkpoint):
