@@ -302,13 +302,10 @@ def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int =
     import torch
     import torch.nn.functional as F
 
-    def dense(w):
-        return _as_out_in(w, out_in)
-
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(1, dense(weight).shape[1], generator=generator, dtype=weight.dtype)
+    x = torch.randn(1, _as_out_in(weight, out_in).shape[1], generator=generator, dtype=weight.dtype)
     with torch.inference_mode():
-        reference = F.linear(x, dense(weight), bias)
+        reference = F.linear(x, _as_out_in(weight, out_in), bias)
         candidate = split_gemv(x, weight, bias, out_in)
         if candidate is None:
             return Choice(rows.kernel, 1.0, 0.0)
@@ -316,10 +313,11 @@ def probe_one_row(weight, bias, rows: Choice, out_in: bool = True, rounds: int =
         count = max(1, min(STREAM_COPIES, -(-STREAM_BYTES // (weight.numel() * weight.element_size()))))
         copies = [weight.clone() for _ in range(count)]
         if rows.kernel == "onednn":
-            packed = [torch.ops.mkldnn._reorder_linear_weight(dense(w).contiguous(), PROBE_ROWS) for w in copies]
+            packed = [torch.ops.mkldnn._reorder_linear_weight(_as_out_in(w, out_in).contiguous(), PROBE_ROWS)
+                      for w in copies]
             current = lambda: [_onednn_linear(x, p, bias) for p in packed]  # noqa: E731
         else:
-            current = lambda: [F.linear(x, dense(w), bias) for w in copies]  # noqa: E731
+            current = lambda: [F.linear(x, _as_out_in(w, out_in), bias) for w in copies]  # noqa: E731
         split = lambda: [split_gemv(x, w, bias, out_in) for w in copies]  # noqa: E731
         current_times, split_times = [], []
         for _ in range(rounds):
