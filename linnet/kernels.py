@@ -10,6 +10,8 @@ from __future__ import annotations
 
 LAYER_NORM = "std.nn.norm::layer_norm"
 ATTENTION = "std.nn.attention::attention"
+#: `attention` with fewer key/value heads than query heads (a Llama-style decoder's).
+GROUPED_ATTENTION = "std.nn.attention::grouped_attention"
 #: `attention` with dropout on its probabilities (training); the same kernel with a rate.
 ATTENTION_DROPOUT = "std.nn.attention::attention_with_dropout"
 #: `attention` under a bidirectional sliding window of a run-time width over a key-padding mask;
@@ -31,5 +33,5 @@ RELU = "std.nn.activations::relu"
 SILU = "std.nn.activations::silu"
 
 #: Every key above.
-ALL = (LAYER_NORM, ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION, ATTENTION_PROBABILITIES, LINEAR, EMBEDDING,
+ALL = (LAYER_NORM, ATTENTION, GROUPED_ATTENTION, ATTENTION_DROPOUT, WINDOWED_ATTENTION, ATTENTION_PROBABILITIES, LINEAR, EMBEDDING,
        GELU_ERF, GELU_TANH, RELU, SILU)

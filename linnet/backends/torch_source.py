@@ -3,9 +3,10 @@
 Each block instantiation becomes a class whose parameters are created with their concrete
 shapes, each free function a `def`; every statement carries a `# file:line` comment.  A few
 std functions are replaced by the fused PyTorch kernel that computes the same thing
-(`F.layer_norm`, `F.scaled_dot_product_attention`, `F.linear`, `F.embedding`, exact-erf
-`F.gelu`); everything else is emitted from its Linnet body, each op by its entry in
-`EMISSIONS`, the backend's table over the op registry (`linnet.ops`).
+(`F.layer_norm`, `F.scaled_dot_product_attention` for plain and grouped-query attention,
+`F.linear`, `F.embedding`, exact-erf `F.gelu`); everything else is emitted from its Linnet
+body, each op by its entry in `EMISSIONS`, the backend's table over the op registry
+(`linnet.ops`).
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def _fused_attention(fn: ir.Function, args: list[str]) -> str:
     return f"F.scaled_dot_product_attention({q}, {k}, {v}{masked}, scale={scale})"
 
 
+def _fused_grouped_attention(fn: ir.Function, args: list[str]) -> str:
+    # SDPA repeats each key/value head for its `G` query heads as the Linnet body reads them
+    # (query head h reads key/value head h // G), in one call instead of the body's eleven ops:
+    # on a decoder step those ops cost more than the products they surround.
+    q, k, v, scale, mask = args
+    return f"F.scaled_dot_product_attention({q}, {k}, {v}, attn_mask={mask}, scale={scale}, enable_gqa=True)"
+
+
 def _fused_attention_dropout(fn: ir.Function, args: list[str]) -> str:
     q, k, v, scale, mask, rate, training = args
     masked = f", attn_mask={mask}" if mask != "None" else ""
@@ -61,6 +70,7 @@ def _fused_windowed_attention(fn: ir.Function, args: list[str]) -> str | None:
 FUSED: dict[str, Callable[[ir.Function, list[str]], str | None]] = {
     kernels.LAYER_NORM: _fused_layer_norm,
     kernels.ATTENTION: _fused_attention,
+    kernels.GROUPED_ATTENTION: _fused_grouped_attention,
     kernels.ATTENTION_DROPOUT: _fused_attention_dropout,
     kernels.WINDOWED_ATTENTION: _fused_windowed_attention,
     kernels.GELU_ERF: lambda fn, a: f"F.gelu({a[0]})",
