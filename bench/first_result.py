@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.ray_scaling import _cpu
+from linnet.backends.measured import cpu_model
 
 #: One child: imports, load, one forward; prints {"import": s, "load": s, "first": s}.
 CHILD = r"""
@@ -58,8 +59,22 @@ METHODS = ("transformers", "torch", "onnx")
 OTHER_METHODS = ("torch-pack-first",)
 
 
+def _child_env() -> dict:
+    """The children's environment: Python's own bytecode caching, as a user's interpreter has it.
+    A `PYTHONDONTWRITEBYTECODE` in the caller's (this project's sandbox sets it) would have every
+    child compile each module it imports from source, which `nest.load`'s lazy imports then
+    count as load time (88 ms of bert-base's ONNX load, profiled). The compiled files go under
+    the bench cache (`PYTHONPYCACHEPREFIX`), not into the tree; the unmeasured round writes them."""
+    from bench.weights import bench_cache
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(bench_cache() / "pycache")
+    return env
+
+
 def _child(method: str, folder: Path) -> dict:
-    run = subprocess.run([sys.executable, "-c", CHILD, method, str(folder)], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", CHILD, method, str(folder)], capture_output=True, text=True,
+                         env=_child_env())
     if run.returncode != 0:
         raise SystemExit(f"{method} failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                                              median("transformers", "import", "load", "first"), 2)}
              for m in methods}
     result = {"what": "time to a first result: a new process's imports, load, one forward (1 x 16 tokens), "
-                      "warm caches, medians", "cpu": _cpu(), "rounds": args.rounds, "weights": weights.origin,
+                      "warm caches (Python's bytecode too), medians", "cpu": cpu_model(), "rounds": args.rounds, "weights": weights.origin,
               "max_abs_diff_to_transformers": worst,
               "other_processes_cpu_share": None if contention is None else round(contention.others_share, 2),
               "methods": table}

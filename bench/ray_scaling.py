@@ -17,19 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
-    except Exception:  # noqa: BLE001 - the figure is still worth having without the name
-        return platform.processor() or "unknown"
+from linnet.backends.measured import cpu_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     base = len(texts) / statistics.median(times["ray-1-actor-1-thread"])
     result = {
-        "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "cores": __import__("os").cpu_count(),
+        "date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "cores": __import__("os").cpu_count(),
         "ray": ray.__version__, "torch": torch.__version__, "workload": describe(texts),
         "rounds": args.rounds, "batch_size": args.batch_size, "other_processes_cpu_share": shared,
         "methods": {k: {"texts_per_s": round(len(texts) / statistics.median(v), 2),
