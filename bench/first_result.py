@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                                              median("transformers", "import", "load", "first"), 2)}
              for m in methods}
     result = {"what": "time to a first result: a new process's imports, load, one forward (1 x 16 tokens), "
-                      "warm caches (Python's bytecode too), medians", "cpu": cpu_model(), "rounds": args.rounds, "weights": weights.origin,
+                      "warm caches (Python's bytecode too), medians",
+              "cpu": cpu_model(), "rounds": args.rounds, "weights": weights.origin,
               "max_abs_diff_to_transformers": worst,
               "other_processes_cpu_share": None if contention is None else round(contention.others_share, 2),
               "methods": table}
