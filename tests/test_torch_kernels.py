@@ -417,11 +417,13 @@ def two_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("out_in", [True, False])
 @pytest.mark.parametrize("shape", [(576, 192), (101, 32), (3, 8)])
-def test_a_split_one_row_product_equals_f_linear(shape, out_in, two_threads):
+def test_a_split_one_row_product_equals_f_linear(shape, out_in, strided, two_threads):
     """Both layouts, an odd output count (a vocabulary: the rows left over run apart), with and
-    without a bias; more than one row is not its business."""
+    without a bias, the row contiguous (viewed as the blocks' column in place) or every other
+    value of a wider one; more than one row is not its business."""
     import torch
     import torch.nn.functional as F
 
@@ -430,7 +432,9 @@ def test_a_split_one_row_product_equals_f_linear(shape, out_in, two_threads):
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator)
     stored = weight if out_in else weight.t().contiguous()
-    x = torch.randn(1, 1, in_features, generator=generator)
+    x = torch.randn(1, 1, 2 * in_features, generator=generator)
+    x = x[..., ::2] if strided else x[..., in_features:]
+    assert x.is_contiguous() is not strided
     with torch.inference_mode():
         for b in (bias, None):
             got = torch_kernels.split_gemv(x, stored, b, out_in)

@@ -339,7 +339,12 @@ def split_gemv(x, weight, bias, out_in: bool = True):
     [Out, In] (`out_in`): blocks of output rows, the rows left over (an odd vocabulary) in one
     more product; the row goes in as an [In, 1] view with strides (1, In), since the same
     values as a contiguous column took MKL's batched product about 5x as long. [In, Out]
-    (GPT-2's Conv1D): blocks of the inputs, whose partial products are summed."""
+    (GPT-2's Conv1D): blocks of the inputs, whose partial products are summed.
+
+    A decoder step makes over a hundred of these calls, each over weights that take tens of
+    microseconds to stream, so the views cost as much as the product: a contiguous row
+    becomes the blocks' shared column in one `as_strided`, and a weight that halves exactly is
+    viewed without a slice (three dispatched ops a call where there were nine)."""
     import torch
 
     parts = torch.get_num_threads()
@@ -348,11 +353,14 @@ def split_gemv(x, weight, bias, out_in: bool = True):
     if out_in:
         out_features, in_features = weight.shape
         whole = out_features - out_features % parts
-        column = x.reshape(1, in_features).t()
-        blocks = weight[:whole].view(parts, whole // parts, in_features)
-        y = torch.bmm(blocks, column.unsqueeze(0).expand(parts, in_features, 1)).reshape(whole)
+        if x.is_contiguous():
+            columns = x.as_strided((parts, in_features, 1), (0, 1, in_features))
+        else:
+            columns = x.reshape(1, in_features).t().unsqueeze(0).expand(parts, in_features, 1)
+        blocks = (weight if whole == out_features else weight[:whole]).view(parts, whole // parts, in_features)
+        y = torch.bmm(blocks, columns).view(whole)
         if whole < out_features:
-            y = torch.cat([y, (weight[whole:] @ column).reshape(-1)])
+            y = torch.cat([y, (weight[whole:] @ columns[0]).view(-1)])
     else:
         in_features, out_features = weight.shape
         if in_features % parts:
