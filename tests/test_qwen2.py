@@ -140,7 +140,7 @@ def test_a_sliding_window_that_masks_nothing_is_accepted_and_matches(tmp_path):
 
 def test_biased_and_bias_free_projections_run_on_onednn_and_still_match(saved):
     """q/k/v are std's `MaybeBiasLinear` (a bias array of one element here, none in Llama):
-    recognised as dense layers by structure, so `fuse_linears` fuses k and v and the
+    recognised as dense layers by structure, so `fuse_linears` fuses q, k and v and the
     per-machine kernel choice may run them on a packed oneDNN weight with their bias. Every dense layer of a `kernels="default"` load is
     put on oneDNN here (whatever this CPU's timing would say), and the logits still match."""
     from linnet.backends import torch_kernels
@@ -152,17 +152,16 @@ def test_biased_and_bias_free_projections_run_on_onednn_and_still_match(saved):
     runtime = model.runtime
     forms = dict(torch_kernels.dense_instances(runtime.program))
     for i in range(TINY["num_hidden_layers"]):
-        # q alone (its method is `query`), k and v fused into one GEMM in `key_value`, whose
-        # two statements read the same argument; the fused bias is the two concatenated.
+        # q, k and v fused into one GEMM in `project`, whose three statements read the same
+        # argument; the fused bias is the three concatenated.
         attention = f"model.layers.{i}.self_attn."
-        assert forms[f"{attention}q_proj."].bias == "bias.0.bias", i
-        assert forms[f"{attention}k_proj_v_proj."].bias == "bias", i
-        assert f"{attention}k_proj." not in forms and f"{attention}v_proj." not in forms
+        assert forms[f"{attention}q_proj_k_proj_v_proj."].bias == "bias", i
+        assert not {f"{attention}{name}_proj." for name in "qkv"} & set(forms)
         assert forms[f"{attention}o_proj."].bias is None
     for prefix, form in forms.items():
         torch_kernels.install_onednn(torch_kernels._submodule(runtime.model, prefix), form)
-    q_proj = runtime.model.get_submodule(torch_param_name("model.layers.0.self_attn.q_proj"))
-    assert q_proj.linnet_kernel == "onednn"
+    qkv = runtime.model.get_submodule(torch_param_name("model.layers.0.self_attn.q_proj_k_proj_v_proj"))
+    assert qkv.linnet_kernel == "onednn"
     assert_matches(model, saved["untied"].model)
 
 
