@@ -23,6 +23,10 @@ fixed order, so drift of the machine hits all alike), medians over rounds:
 * decode: greedy generate of `--new-tokens` tokens (no early stop) from the same prompt;
   decode tokens/s = (new tokens - 1) / (generate's time - that method's prefill median).
 
+`llama-cpp` runs llama-cpp-python on the same GGUF file (`--model smollm2` only), in its Q4_1
+blocks rather than the dequantised f32 the others compute in, so its speed is that of another
+precision; it needs the package, which builds llama.cpp from source where PyPI has no wheel.
+
 Each Linnet method's tokens are compared with transformers' (`same_tokens`). A method key
 ending `-concat-steps` runs generate on the cache path from before the cache was written in
 place (the entries' concatenations on torch, the shifted window on JAX), for a before/after
@@ -265,9 +269,49 @@ class LinnetOnnxShared(Linnet):
         self._steps = _steps
 
 
+class LlamaCpp:
+    """llama-cpp-python (`pip install llama-cpp-python`, which builds llama.cpp unless a wheel
+    exists for the platform) on SmolLM2's own GGUF file, computing in its Q4_1 blocks rather
+    than in the dequantised f32 every other method runs, so its tokens need not equal
+    transformers'. As many threads as torch has; greedy (`top_k=1`, no repeat penalty)."""
+
+    key = "llama-cpp"
+    backend = "llama.cpp"
+
+    def __init__(self, weights: Path):
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise RuntimeError("llama-cpp needs the llama-cpp-python package (pip install llama-cpp-python)") from exc
+        from linnet.nest.gguf import gguf_folder
+        from linnet.testing.smollm2 import gguf_path
+
+        is_llama = json.loads((weights / "config.json").read_text()).get("model_type") == "llama"
+        if not is_llama or weights != gguf_folder(gguf_path()):
+            raise RuntimeError("llama-cpp runs SmolLM2's GGUF file only (--model smollm2)")
+        # torch's thread count where the bench set it; an RSS child imports no torch for this.
+        threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else os.cpu_count()
+        self.model = Llama(model_path=str(gguf_path()), n_ctx=4096, n_batch=512, n_threads=threads, verbose=False)
+
+    def prefill(self, tokens: np.ndarray):
+        self.model.reset()
+        self.model.eval(tokens[0].tolist())
+        return np.asarray(self.model.scores[self.model.n_tokens - 1])
+
+    def generate(self, tokens: np.ndarray, new: int) -> np.ndarray:
+        out = []
+        self.model.reset()  # else generate finds the prompt already evaluated (by prefill) and skips it
+        for token in self.model.generate(tokens[0].tolist(), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                         repeat_penalty=1.0, reset=True):
+            out.append(token)
+            if len(out) == new:
+                break
+        return np.concatenate([tokens, np.asarray([out], dtype=tokens.dtype)], axis=1)
+
+
 ALL = ([Transformers] + [_linnet(b) for b in ("torch", "jax", "stablehlo", "onnx")]
        + [_torch_kernels(False), _torch_kernels(True)])
-ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared, LinnetTorchPackedSteps]
+ALL += [_concat_steps(m) for m in (ALL[1], ALL[2], ALL[6])] + [LinnetOnnxShared, LinnetTorchPackedSteps, LlamaCpp]
 BY_KEY = {m.key: m for m in ALL}
 
 

@@ -112,3 +112,17 @@ def test_a_qwen2_folder_runs_as_its_own_entry_with_the_same_tokens(tmp_path, mon
     methods = json.loads(out.read_text())["methods"]
     for key in ("linnet-torch", "linnet-torch-auto-structural", "linnet-torch-auto-packed-steps"):
         assert methods[key]["error"] is None and methods[key]["same_tokens"] is True, (key, methods[key])
+
+
+def test_llama_cpp_names_what_it_needs_rather_than_failing_later(tmp_path, monkeypatch):
+    """The `llama-cpp` method runs SmolLM2's GGUF file only, and says so for another checkpoint;
+    without llama-cpp-python it names the package (here made unimportable)."""
+    import types
+
+    save_gpt2(tmp_path)
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=object))
+    with pytest.raises(RuntimeError, match="runs SmolLM2's GGUF file only"):
+        decoder.LlamaCpp(tmp_path)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(RuntimeError, match=r"needs the llama-cpp-python package \(pip install llama-cpp-python\)"):
+        decoder.LlamaCpp(tmp_path)
