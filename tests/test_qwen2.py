@@ -152,7 +152,7 @@ def test_biased_and_bias_free_projections_run_on_onednn_and_still_match(saved):
     runtime = model.runtime
     forms = dict(torch_kernels.dense_instances(runtime.program))
     for i in range(TINY["num_hidden_layers"]):
-        # q, k and v fused into one GEMM in `project`, whose three statements read the same
+        # q, k and v fused into one GEMM in `project`, whose two statements read the same
         # argument; the fused bias is the three concatenated.
         attention = f"model.layers.{i}.self_attn."
         assert forms[f"{attention}q_proj_k_proj_v_proj."].bias == "bias", i

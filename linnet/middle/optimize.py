@@ -15,7 +15,7 @@ alike.
 
 * `fuse_linears` — sibling dense sub-blocks (one layout, all with a bias or none) applied to
   the same input in one statement, or to an argument the method never reassigns across its
-  statements (the Llama source's q, k and v, each in a `let` of its own: one fused call before
+  statements (the Llama source's q and k in one `let`, v in another: one fused call before
   the first serves all three)
   (BERT's query, key and value projections) become one `Linear` over the concatenated
   weights, `[3 D, D]`, whose output is sliced back into the three results.  One GEMM of
