@@ -287,11 +287,12 @@ class LlamaCpp:
         from linnet.testing.smollm2 import gguf_path
 
         is_llama = json.loads((weights / "config.json").read_text()).get("model_type") == "llama"
-        if not is_llama or weights != gguf_folder(gguf_path()):
+        path = gguf_path() if is_llama else None  # verified by its sha256 once, 98 MB read
+        if path is None or weights != gguf_folder(path):
             raise RuntimeError("llama-cpp runs SmolLM2's GGUF file only (--model smollm2)")
         # torch's thread count where the bench set it; an RSS child imports no torch for this.
         threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else os.cpu_count()
-        self.model = Llama(model_path=str(gguf_path()), n_ctx=4096, n_batch=512, n_threads=threads, verbose=False)
+        self.model = Llama(model_path=str(path), n_ctx=4096, n_batch=512, n_threads=threads, verbose=False)
 
     def prefill(self, tokens: np.ndarray):
         self.model.reset()
