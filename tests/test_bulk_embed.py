@@ -120,19 +120,19 @@ def test_a_missing_shard_is_redone_alone(tmp_path, minilm_checkpoint, expected):
 
 
 def test_killed_run_resumes_without_losing_or_doubling_rows(tmp_path, minilm_checkpoint, minilm):
-    texts = corpus(1200, seed=5)
+    texts = corpus(600, seed=5)  # 20 shards of 30 rows: killed after 3, so most are left to resume
     source = _jsonl(tmp_path / "c.jsonl", texts, extra=False)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "linnet.cli", "embed", "all-minilm-l6-v2", str(source), "-o", str(out),
-               "--shard-rows", "60", "--weights", str(minilm_checkpoint), "--no-progress", "--threads", "1"]
+               "--shard-rows", "30", "--weights", str(minilm_checkpoint), "--no-progress", "--threads", "1"]
     written = kill_after_shards(command, out)
     assert written < 20, "the run finished before it was killed, so nothing was resumed"
     assert json.loads((out / JOB_FILE).read_text())["complete"] is False
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr
-    assert f"{written * 60:,} kept from an earlier run" in finished.stdout
+    assert f"{written * 30:,} kept from an earlier run" in finished.stdout
     table, vectors = _read(out)
-    assert table.column("id").to_pylist() == list(range(1200))
+    assert table.column("id").to_pylist() == list(range(600))
     assert np.abs(vectors - minilm.encode(texts, progress=False)).max() < 1e-6
     assert not list(out.glob(".*partial"))
 

@@ -408,6 +408,21 @@ def test_bad_inputs_are_caught_before_onnx_runtime(minilm_onnx):
     assert "S <= 512" in str(err)
 
 
+def test_a_build_of_named_entries_writes_only_their_files(minilm_checkpoint, tmp_path):
+    """Every file but model.onnx is a full copy of the weights: a build for some entries (what
+    a Triton export serves) writes model.onnx and those entries' files, and no other."""
+    from linnet.backends import integration
+    from linnet.backends.onnx_runtime import build
+
+    ctx, _ = nest.prepare("all-minilm-l6-v2", optimize=nest.backend_passes("onnx", integration("onnx")))
+    assert [p.name for p in build(ctx, tmp_path / "forward", entries={"forward"})] == ["model.onnx"]
+    named = build(ctx, tmp_path / "full", entries={"forward_full", "attentions"})
+    assert [p.name for p in named][0] == "model.onnx"
+    assert sorted(p.name for p in named[1:]) == ["default.forward_full.position_ids.onnx",
+                                                 "model.attentions.onnx", "model.forward_full.onnx"]
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == sorted(p.name for p in named)
+
+
 def test_another_checkpoint_gets_its_own_export(minilm_onnx, minilm_checkpoint, tmp_path):
     """The exported graph holds the weights: loading the same entry with another `weights=`
     file must run that file's weights, not the cached graph of the first one."""

@@ -74,13 +74,17 @@ def emit(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, st
 
 def emit_each(program: ir.Program, tensors: dict, *, name: str, outputs: dict[str, str],
               root_entry: str | None = None, generics: dict | None = None, bf16_compute: str = "native",
-              source: str = "", params_in_place: bool = False, defer_weights: bool = False):
+              source: str = "", params_in_place: bool = False, defer_weights: bool = False,
+              entries=None):
     """`emit`'s models one at a time, each built when the previous one has been taken, so a
     writer that saves and drops each holds one graph at a time.  defer_weights: the params'
-    initializers hold no data; `ModelFile.weights` names their arrays (`DeferredWeight`)."""
+    initializers hold no data; `ModelFile.weights` names their arrays (`DeferredWeight`).
+    entries: build only model.onnx and the files answering one of these (None: every file)."""
     from onnx import helper
 
     files = layout(program, root_entry)
+    if entries is not None:
+        files = files[:1] + [f for f in files[1:] if set(f.entries) & set(entries)]
     for model_file in files:
         first = program.entries[model_file.entries[0]]
         em = GraphEmitter(program, tensors, bf16_compute=bf16_compute, params_in_place=params_in_place,

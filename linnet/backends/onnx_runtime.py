@@ -30,9 +30,11 @@ BUILD_NEEDS_WEIGHTS = True
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _emit_each(ctx: LoadContext, tensors: dict, bf16_compute: str, params_in_place: bool = False):
+def _emit_each(ctx: LoadContext, tensors: dict, bf16_compute: str, params_in_place: bool = False,
+               entries=None):
     """The entry's ONNX models one at a time (`onnx_graph.emit_each`), their weights deferred:
-    each graph's initializers name the arrays of `tensors` and hold no bytes yet."""
+    each graph's initializers name the arrays of `tensors` and hold no bytes yet.  entries:
+    only model.onnx and the files answering these (None: all)."""
     from .onnx_graph import emit_each
 
     manifest = ctx.manifest
@@ -41,19 +43,20 @@ def _emit_each(ctx: LoadContext, tensors: dict, bf16_compute: str, params_in_pla
     return emit_each(ctx.program, tensors, name=ctx.name,
                      outputs={e: ctx.output_name(e) for e in ctx.program.entries}, root_entry=root,
                      generics=ctx.compiled.generics, bf16_compute=bf16_compute, source=source,
-                     params_in_place=params_in_place, defer_weights=True)
+                     params_in_place=params_in_place, defer_weights=True, entries=entries)
 
 
-def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> list[Path]:
+def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native", entries=None) -> list[Path]:
     """Emit, save and validate every file of the entry's layout; model.onnx first.  Each file
     is self-contained (weights inline up to 2 GiB), emitted, written and dropped before the
-    next, so one graph's copy of the weights is in memory at a time."""
+    next, so one graph's copy of the weights is in memory at a time.  entries: write only
+    model.onnx and the files (and computed defaults) of these entries (None: all)."""
     import onnx
 
     from .onnx_graph import inline_weights, save
 
     paths: list[Path] = []
-    for model_file in _emit_each(ctx, ctx.tensors("numpy"), bf16_compute):
+    for model_file in _emit_each(ctx, ctx.tensors("numpy"), bf16_compute, entries=entries):
         inline_weights(model_file)
         written = save(model_file, out_dir)
         model_file.model = None  # the weights are on disk now; let the copy in memory go
@@ -61,17 +64,19 @@ def _export(ctx: LoadContext, out_dir: Path, bf16_compute: str = "native") -> li
         onnx.checker.check_model(str(written[0]), full_check=True)
         paths += written
     # Graph inputs cannot be computed when left out: each computed default is a graph of its own.
-    return paths + _write_default_models(ctx, ctx.tensors("numpy"), out_dir, bf16_compute)
+    return paths + _write_default_models(ctx, ctx.tensors("numpy"), out_dir, bf16_compute, entries)
 
 
-def build(ctx: LoadContext, out_dir: Path, dtype: str | None = None) -> list[Path]:
+def build(ctx: LoadContext, out_dir: Path, dtype: str | None = None, entries=None) -> list[Path]:
     """Write the ONNX model(s) to out_dir; the first path is the root entry's model.onnx.
 
     dtype is the load-time float dtype and must agree with the one `ctx` was prepared with
     (`linnet build --dtype` prepares it), since the lowered program's types carry it.
+    entries: write only model.onnx and the files of these entries, each file a full copy of
+    the weights it reads (a Triton export serves GPT-2's forward, not its cache steps).
     """
     _check_dtype(ctx, dtype)
-    return _export(ctx, Path(out_dir))
+    return _export(ctx, Path(out_dir), entries=entries)
 
 
 def graph_io(ctx: LoadContext) -> tuple[list[tuple[str, str, list]], list[tuple[str, str, list]]]:
@@ -377,15 +382,18 @@ def _write_entry_models(ctx: LoadContext, out_dir: Path, bf16_compute: str, para
         write_decoder_models(ctx.program, tensors, ctx.name, out_dir, share, params_in_place)
 
 
-def _write_default_models(ctx: LoadContext, tensors: dict, out_dir: Path, bf16_compute: str) -> list[Path]:
+def _write_default_models(ctx: LoadContext, tensors: dict, out_dir: Path, bf16_compute: str,
+                          entries=None) -> list[Path]:
     """One graph per computed default (`onnx_graph.default_model`), which `run` runs first
-    when the caller leaves that input out."""
+    when the caller leaves that input out; entries: only those of these entries (None: all)."""
     import onnx
 
     from .onnx_graph import default_model
 
     paths = []
     for entry in ctx.program.entries.values():
+        if entries is not None and entry.name not in entries:
+            continue
         for param in entry.computed:
             path = out_dir / default_file(entry.name, param)
             onnx.save(default_model(ctx.program, tensors, entry, param, bf16_compute=bf16_compute), str(path))

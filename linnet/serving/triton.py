@@ -413,12 +413,13 @@ def export_passes(packing: bool | None = None) -> tuple[str, ...]:
     return backend_passes("onnx", integration("onnx"), packing=packing)
 
 
-def _build_onnx(ctx, out_dir: Path, dtype: str | None) -> list[Path]:
-    """The ONNX backend's `build`: model.onnx first (and any external-data files after it)."""
+def _build_onnx(ctx, out_dir: Path, dtype: str | None, entries: set[str]) -> list[Path]:
+    """The ONNX backend's `build` of model.onnx and the served entries' files: model.onnx
+    first (and any external-data files after it).  The others (GPT-2's cache steps, the
+    losses) are not written at all: each is another full copy of the weights."""
     from ..backends import integration
 
-    module = integration("onnx")
-    return module.build(ctx, out_dir) if dtype is None else module.build(ctx, out_dir, dtype=dtype)
+    return integration("onnx").build(ctx, out_dir, dtype=dtype, entries=entries)
 
 
 def _check_onnx(io: TritonIO, model: Path) -> None:
@@ -494,13 +495,15 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
     shutil.rmtree(staging, ignore_errors=True)
     try:
         graphs = staging / "graphs"
-        built = [Path(p) for p in _build_onnx(ctx, staging / "build", dtype)]
+        served = {o.entry for o in io.outputs}
+        built = [Path(p) for p in _build_onnx(ctx, staging / "build", dtype, served)]
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
         graphs.mkdir()
         # The graphs of entries this model does not serve (losses, other inputs, and the
-        # computed-default graphs `default.<entry>.<param>.onnx` of those entries) stay out.
-        unserved = set(ctx.program.entries) - {o.entry for o in io.outputs}
+        # computed-default graphs `default.<entry>.<param>.onnx` of those entries) stay out;
+        # the build above writes none of them, and this keeps a repository free of them if it did.
+        unserved = set(ctx.program.entries) - served
         for i, path in enumerate(built):
             if i and entry_of_file(path.name) in unserved:
                 continue
