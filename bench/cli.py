@@ -130,7 +130,7 @@ def run_bench(model: str, workload, keys: list[str] | None, out: Path, *, chart:
     from .corpus import corpus, describe as describe_corpus
     from .methods import CORPUS_ANCHOR, REFERENCE, Context, methods_for
     from .weights import resolve
-    from .contention import ContentionMeter
+    from linnet.contention import ContentionMeter
     from .workload import environment, load_average, make_batch, make_varlen_batch
 
     started_at = dt.datetime.now(dt.timezone.utc)

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown method {unknown[0]!r}")
 
-    from bench.contention import ContentionMeter
+    from linnet.contention import ContentionMeter
     from bench.weights import resolve
 
     weights = resolve("bert-base-uncased")

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = _choice(args.methods, METHODS, "methods")
     workloads = _choice(args.workloads, WORKLOADS, "workloads")
 
-    from bench.contention import ContentionMeter
+    from linnet.contention import ContentionMeter
     from bench.workload import environment, load_average
 
     folder = synthetic(args.folder)

@@ -374,7 +374,7 @@ def _error(phase: str, exc: BaseException) -> str:
 
 def run(model: str, keys: Sequence[str] | None, out: Path, *, rounds: int, n_long: int, n_short: int,
         nn_docs: int, nn_queries: int, rss: bool = True, seed: int = 0) -> dict:
-    from .contention import ContentionMeter
+    from linnet.contention import ContentionMeter
     from .corpus import describe, stdlib_paragraphs
     from .weights import resolve
     from .workload import environment, load_average

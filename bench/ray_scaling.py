@@ -8,7 +8,7 @@ runs).  Rounds interleave the methods (the order alternating per round), so drif
 machine's speed hits all alike; a method's time runs from building the dataset to the last
 vector (actor start and model load included, as a user waits for them).  Texts/s of each
 method, their ratios to 1 actor, the largest difference from `encode` and the CPU share
-other processes took (bench.contention) are written to `--out` and printed.
+other processes took (linnet.contention) are written to `--out` and printed.
 
     python -m bench.ray_scaling                      # the lead's run: quiet machine, defaults
     python -m bench.ray_scaling --texts 200 --rounds 1   # a smoke run
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from bench.contention import ContentionMeter
+    from linnet.contention import ContentionMeter
     from bench.corpus import corpus, describe
     from linnet import nest
     from linnet.nest.ray import Embedder

@@ -16,7 +16,7 @@ the largest gradient difference is printed (a sanity check that both train the s
 Then `rounds` rounds each run `steps` steps of one side and then of the other (the order
 alternating per round), so drift in the machine's speed hits both alike; the median step
 time of each and their ratio (Linnet / transformers; <= 1.0 is the issue's target) are
-printed, with the CPU share other processes took (bench.contention) when that is large.
+printed, with the CPU share other processes took (linnet.contention) when that is large.
 
     python -m bench.training                     # the lead's run: quiet machine, defaults
     python -m bench.training --rounds 1 --steps 1 --batch 2 --seq 16   # a smoke run
@@ -115,7 +115,7 @@ def run(rounds: int = 7, steps: int = 5, batch_size: int = 8, seq: int = 128, de
         threads: int | None = None, log=print) -> dict:
     import torch
 
-    from .contention import ContentionMeter
+    from linnet.contention import ContentionMeter
 
     if threads:
         torch.set_num_threads(threads)

@@ -120,9 +120,16 @@ def measured_kernels():
     """Loads in the module measure kernels and session options as a user's default load does
     (`kernels="auto"`), instead of the suite's `LINNET_KERNELS=default`. A module asks for it
     with `pytestmark = pytest.mark.usefixtures("measured_kernels")`, which pytest sets up
-    before the module's other module-scoped fixtures (and so before their loads)."""
+    before the module's other module-scoped fixtures (and so before their loads).
+
+    The probes also see a quiet machine: a choice timed while other processes share the CPU is
+    not cached (`DecisionCache.record`), and these modules test what is measured and cached,
+    which must not hang on whatever else runs beside the suite (that guard has tests of its own)."""
+    from linnet.contention import Contention, ContentionMeter
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LINNET_KERNELS", "auto")
+        patch.setattr(ContentionMeter, "stop", lambda self: Contention(0.0, 1.0, os.cpu_count() or 1))
         yield
 
 

@@ -252,7 +252,7 @@ def test_samples_json_is_what_the_model_computes():
 
 
 def test_contention_counts_other_processes_only(monkeypatch):
-    from bench import contention
+    from linnet import contention
 
     # 10 s wall on 2 cores = 20 core-seconds; the machine got 14 s busier, of which this
     # process tree used 10 s, so others took 4 s = 20% of capacity.
@@ -271,7 +271,7 @@ def test_contention_counts_other_processes_only(monkeypatch):
 def test_contention_counts_a_live_child_as_own_work():
     import subprocess
 
-    from bench import contention
+    from linnet import contention
 
     before = contention._own_seconds()
     child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.6\n"

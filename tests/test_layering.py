@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "linnet"
 
 #: Bottom to top. A module may import only from its own layer or an earlier one.
 LAYERS = (
-    ("core", ("diagnostics", "codes", "dtypes", "arrays", "paths", "types", "dims", "prims", "ops", "kernels")),
+    ("core", ("diagnostics", "codes", "dtypes", "arrays", "paths", "types", "dims", "prims", "ops", "kernels", "contention")),
     ("front", ("front",)),
     ("check", ("check",)),
     ("middle", ("middle", "compiler")),

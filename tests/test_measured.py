@@ -31,6 +31,17 @@ def test_choices_round_trip_per_machine(tmp_path):
     assert stored["cpu-b|threads=8"] == {"256x1024": {"name": "default", "speedup": 1.0}}
 
 
+def test_choices_timed_on_a_shared_machine_are_not_kept(tmp_path):
+    from linnet.contention import SHARED_ABOVE, Contention
+
+    cache = _cache("m")
+    cache.record(tmp_path, {"a": _Pick("split", 1.0)}, Contention(SHARED_ABOVE + 0.3, 2.0, 2))
+    assert not cache.path(tmp_path).exists()
+    cache.record(tmp_path, {"b": _Pick("split", 1.4)}, Contention(SHARED_ABOVE / 2, 2.0, 2))
+    cache.record(tmp_path, {"c": _Pick("default", 1.0)}, None)  # unknown (no /proc/stat): kept
+    assert cache.read(tmp_path) == {"b": _Pick("split", 1.4), "c": _Pick("default", 1.0)}
+
+
 def test_unreadable_or_foreign_cache_reads_empty(tmp_path):
     cache = _cache("m")
     path = cache.path(tmp_path)

@@ -574,6 +574,16 @@ def test_an_encoder_is_not_timed_at_one_row(minilm_checkpoint, private_cache, mo
     assert not [k for k in model.runtime.kernels if k.endswith(torch_kernels.ONE_ROW)]
 
 
+def test_choices_timed_while_others_share_the_cpu_are_used_but_not_cached(minilm_checkpoint, private_cache,
+                                                                          monkeypatch):
+    from linnet.contention import Contention, ContentionMeter
+
+    monkeypatch.setattr(ContentionMeter, "stop", lambda self: Contention(0.6, 3.0, 2))
+    model = nest.load("all-minilm-l6-v2", weights=minilm_checkpoint)
+    assert model.runtime.kernels  # every shape was measured and its choice installed
+    assert not (private_cache / "kernels" / "torch-linear.json").exists()
+
+
 def test_one_row_choices_are_measured_cached_and_reused(private_cache, monkeypatch, tmp_path, two_threads):
     _tiny_llama(tmp_path)
     first = nest.load(tmp_path / "hf", backend="torch")

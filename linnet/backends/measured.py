@@ -10,7 +10,8 @@ Each tuner names its file, machine key and choice record in one `DecisionCache` 
 only its candidates, how it times them and how it applies the winner.  What they share is
 here, once: the exactness check (`relative_error` against `scale_of` the default's result,
 within `TOLERANCE`), the decision among exact candidates (`decide`: beat the default by
-`MIN_SPEEDUP`, combine several winners, win a second timing), and the child process a probe
+`MIN_SPEEDUP`, combine several winners, win a second timing), what is kept (nothing timed while
+other processes took over a tenth of the CPU, `linnet.contention`), and the child process a probe
 runs in (`run_child` / `child_main`: JSON in on stdin, one JSON line a step out), which the
 ONNX and XLA tuners use; torch's Linear probe is a few in-process GEMMs and needs none.
 """
@@ -125,8 +126,19 @@ class DecisionCache:
         """This machine's choices as `kind` records; empty without a cache dir or a readable file."""
         return read_choices(None if cache_dir is None else self.path(cache_dir), self.machine_key(), self.kind)
 
-    def record(self, cache_dir: Path, choices: dict) -> None:
-        """Add `choices` ({what was measured: record}) to this machine's, other machines' kept."""
+    def record(self, cache_dir: Path, choices: dict, contention=None) -> None:
+        """Add `choices` ({what was measured: record}) to this machine's, other machines' kept.
+
+        contention: what other processes took while the choices were timed (a
+        `linnet.contention.Contention`, None when unknown).  Choices timed on a shared machine
+        serve the load that measured them but are not kept, so the next load measures again:
+        once cached, a choice is never timed again, and one made while another job held the
+        cores stays wrong for good (GPT-2's one-row products were cached as 1.00x and 0.87x
+        splits under load, measured 1.13-1.50x alone; its decode fell from 1.54x to 1.29x).
+        """
+        if contention is not None and contention.shared:
+            log.info("%s: choices not cached; %s while they were timed", self.file, contention.describe())
+            return
         record_decisions(self.path(cache_dir), self.machine_key(), {k: vars(c) for k, c in choices.items()})
 
 

@@ -112,8 +112,12 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
         return cached
     import subprocess
 
+    from ..contention import ContentionMeter
+
+    meter = ContentionMeter()
     try:
         choice = measure_in_child(model_file, providers, threads)
+        contention = meter.stop()  # a choice timed on a shared machine is used, not kept
     except subprocess.TimeoutExpired:
         # A machine too busy to finish the probe in CHILD_TIMEOUT_S: the default session is
         # recorded as the choice, or every later load of this model would wait that long again.
@@ -121,12 +125,13 @@ def choose(model_file: Path, providers: list, threads: int, *, cache_dir: Path |
                     "the defaults (remove %s to measure again)", model_file, CHILD_TIMEOUT_S,
                     _CACHE.path(cache_dir) if cache_dir is not None else "the record")
         choice = SessionChoice({}, measured={TIMED_OUT: 0.0})
+        contention = None
     except Exception:  # noqa: BLE001 - measuring is an optimisation; the default session stands
         log.warning("could not measure ONNX Runtime session options for %s; using the defaults",
                     model_file, exc_info=True)
         return SessionChoice({})
     if cache_dir is not None:
-        _CACHE.record(cache_dir, {model_key: choice})
+        _CACHE.record(cache_dir, {model_key: choice}, contention)
     log.info("ONNX Runtime session for %s: %s (measured: %s)", model_file.name, choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()))
     return choice

@@ -85,9 +85,12 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
 
     if not torch.backends.mkldnn.is_available():
         return {}
+    from ..contention import ContentionMeter
+
     linears = [(_submodule(model, prefix), form) for prefix, form in dense_instances(program)]
     steps = STEP_ENTRY in program.entries
     cached = _CACHE.read(cache_dir)
+    meter = ContentionMeter()
     choices: dict[str, Choice] = {}
 
     def choose(key: str, measure) -> Choice:
@@ -123,7 +126,7 @@ def choose_and_apply(model, program, *, cache_dir: Path | None) -> dict[str, Cho
             install_onednn_method(module, method, form, lazy=True, packed_rows=rows.kernel == "onednn",
                                   split_one_row=one_row)
     if cache_dir is not None and any(k not in cached for k in choices):
-        _CACHE.record(cache_dir, {**cached, **choices})
+        _CACHE.record(cache_dir, {**cached, **choices}, meter.stop())
     log.info("torch Linear kernels: %s", ", ".join(f"{k} {c.kernel} x{c.speedup:.2f}" for k, c in choices.items()))
     return choices
 

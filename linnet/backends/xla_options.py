@@ -108,13 +108,16 @@ def choose(*, cache_dir: Path | None) -> XlaChoice:
     cached = _CACHE.read(cache_dir).get(PROBE_KEY)
     if cached is not None:
         return cached
+    from ..contention import ContentionMeter
+
+    meter = ContentionMeter()
     try:
         choice = measure_in_child(candidates())
     except Exception:  # noqa: BLE001 - measuring is an optimisation; XLA's defaults stand
         log.warning("could not measure XLA compiler options; using XLA's defaults", exc_info=True)
         return XlaChoice({})
     if cache_dir is not None:
-        _CACHE.record(cache_dir, {PROBE_KEY: choice})
+        _CACHE.record(cache_dir, {PROBE_KEY: choice}, meter.stop())  # not kept if timed on a shared machine
     log.info("XLA:CPU compiler options: %s (measured: %s%s)", choice.describe(),
              ", ".join(f"{k} x{v:.2f}" for k, v in choice.measured.items()),
              "".join(f"; {k} rejected: {why}" for k, why in choice.rejected.items()))

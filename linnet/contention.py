@@ -1,10 +1,11 @@
-"""Did other work share the CPU during a bench run?
+"""Did other work share the CPU while something was timed?
 
-The load average cannot tell: on a 2-core machine the bench's own two compute threads
-(plus a Triton server it starts) already push it to 2 or more.  What matters is CPU time
-that *other* processes took, so this module reads the machine's busy time from
-/proc/stat and subtracts what this process and its descendants used over the same
-interval.  The share of the machine's capacity the others used is what the bench reports.
+The load average cannot tell: on a 2-core machine a bench's own two compute threads (plus a
+Triton server it starts) already push it to 2 or more.  What matters is CPU time that
+*other* processes took, so this module reads the machine's busy time from /proc/stat and
+subtracts what this process and its descendants used over the same interval.  The share of
+the machine's capacity the others used is what the bench reports, and what the load-time
+kernel probes (`linnet.backends.measured`) check before they cache a choice.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Above this share of the machine's CPU capacity taken by other processes, the run is
-#: labelled as shared and its ratios as rough.
+#: Above this share of the machine's CPU capacity taken by other processes, a bench run is
+#: labelled as shared and its ratios as rough, and a probe's choice is not cached.
 SHARED_ABOVE = 0.10
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
