@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .. import __version__, codes, dtypes
 from ..diagnostics import Diagnostic, InternalError, LinnetError
-from ..backends.onnx_files import WEIGHTS_FILE, entry_of_file
+from ..backends.onnx_files import WEIGHTS_FILE
 from .triton_io import RAGGED_ENDS, RAGGED_MASK, Input, Output, Tensor, TritonIO, per_token, ragged_io, triton_io
 from .triton_model import CHECKED
 
@@ -500,13 +500,9 @@ def export_triton(ctx, repo_dir: str | Path, *, dtype: str | None = None, runtim
         if not built or not built[0].is_file():
             raise InternalError(f"the ONNX backend's build returned no model file ({built})")
         graphs.mkdir()
-        # The graphs of entries this model does not serve (losses, other inputs, and the
-        # computed-default graphs `default.<entry>.<param>.onnx` of those entries) stay out;
-        # the build above writes none of them, and this keeps a repository free of them if it did.
-        unserved = set(ctx.program.entries) - served
+        # The build wrote no graph of an entry this model does not serve (losses, other
+        # inputs, and their computed-default graphs `default.<entry>.<param>.onnx`).
         for i, path in enumerate(built):
-            if i and entry_of_file(path.name) in unserved:
-                continue
             shutil.move(str(path), graphs / ("model.onnx" if i == 0 else path.name))
         shutil.rmtree(staging / "build", ignore_errors=True)
         _write_graphs(graphs, io)
