@@ -79,7 +79,8 @@ def session_options(settings: dict):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    options.graph_optimization_level = {"off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                                         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[
         settings["graph_optimization_level"]]

@@ -217,8 +217,9 @@ class OnnxRuntime:
         #: The session options measured for this machine and model (`onnx_options`); the
         #: default session's when not measured (kernels="default", a provider other than CPU).
         self.session_choice = SessionChoice({})
-        if kernels == "auto" and _provider_name(providers[0]) == "CPUExecutionProvider" \
-                and all(t.dtype != "bf16" for t in ir.result_types(ctx.program.entries[root].result)):
+        measured_here = kernels == "auto" and _provider_name(providers[0]) == "CPUExecutionProvider" \
+            and all(t.dtype != "bf16" for t in ir.result_types(ctx.program.entries[root].result))
+        if measured_here:
             self.session_choice = choose(folder / entry_file(root), providers, threads, cache_dir=cache_dir(),
                                          model_key=f"{folder.name}/{entry_file(root)}")
         self.settings = {**default_settings(threads), **self.session_choice.settings}
@@ -238,7 +239,19 @@ class OnnxRuntime:
         #: Each entry's graph outputs: one name, or one per result of an entry with several.
         self.outputs = {entry: ir.output_names(e, ctx.output_name(entry)) for entry, e in ctx.program.entries.items()}
         self.generated = folder / layout(ctx.program, root)[0].file
-        self.providers = self.session(_first_session(folder, root, ctx.program)).get_providers()
+        first = _first_session(folder, root, ctx.program)
+        #: The graph file whose session opens from this machine's saved pre-packed copy
+        #: (`onnx_prepacked`): the one a load opens, with kernels="auto", its weights packed.
+        self._prepacked_file = None
+        #: How that session got its packed weights: "loaded" (the saved copy), "saved" (packed
+        #: at load, the copy written for the next), "not saved", or None (not this load's case).
+        self.prepacked = None
+        if measured_here and not share_weights:
+            from .onnx_prepacked import worth_saving
+
+            if worth_saving(folder):
+                self._prepacked_file = first if first.endswith(".onnx") else entry_file(first)
+        self.providers = self.session(first).get_providers()
 
     def session(self, entry: str):
         """The entry's session (or a file's, named with its `.onnx`), opened once (threads
@@ -261,8 +274,26 @@ class OnnxRuntime:
         """A new session on one graph file of the export folder, with the runtime's options."""
         import onnxruntime as ort
 
+        if file == self._prepacked_file and self.int8_plan is None:
+            session = self._open_prepacked(file)
+            if session is not None:
+                return session
         return ort.InferenceSession(str(self.folder / file), sess_options=self._options_for(file),
                                     providers=self._providers)
+
+    def _open_prepacked(self, file: str):
+        """The session on `file` from (or saving) this machine's pre-packed copy; None when
+        that did not work out (`onnx_prepacked` logs why)."""
+        from .onnx_options import session_options
+        from .onnx_prepacked import open_session, saved_folder
+
+        def options_for(graph_optimization: bool):
+            settings = self.settings if graph_optimization else {**self.settings, "graph_optimization_level": "off"}
+            return session_options(settings)
+
+        saved = saved_folder(cache_dir(), self.folder, file, self.settings)
+        session, self.prepacked = open_session(self.folder / file, saved, options_for, self._providers)
+        return session
 
     @contextmanager
     def use_graph(self, entry: str, file: str):
