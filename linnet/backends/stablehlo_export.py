@@ -18,7 +18,8 @@ The generated JAX functions (`linnet.backends.jax_source`) are exported with `ja
   (B, S) compiles once per bucket, as on the jax backend).  A length below the count would
   drop tokens; the artifact cannot check values, so signature.json states the rule.
 
-Layout of an artifact folder (see `write_artifact`):
+Layout of an artifact folder (see `write_artifact`; `linnet build` exports every entry, the
+runtime's cache the root entry first and each other on its first call, `export_to`):
 
     <entry>.jax_export   jax.export serialization (load with jax.export.deserialize)
     <entry>.mlir         the same module as StableHLO text, for people to read
@@ -200,45 +201,83 @@ def export_entry(program: ir.Program, function, entry_name: str):
                                      f"symbolic dims {', '.join(entry.dims)}: {reason}")) from None
 
 
-def write_artifact(ctx, out_dir: Path) -> list[Path]:
-    """Export every entry of `ctx.program` into `out_dir`; the files written."""
-    import jax
-
-    from .jax_source import emit
+def write_artifact(ctx, out_dir: Path, entries=None) -> list[Path]:
+    """Export the entries of `ctx.program` into `out_dir`: every one (`linnet build`), or only
+    those named (the runtime's cache, which exports the rest on first use, `export_to`).
+    model.py and signature.json describe every entry either way; the files written."""
     from .pysource import import_generated
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     program = ctx.program
-    source = out_dir / "model.py"
-    source.write_text(emit(program, title=f"{ctx.name}, JAX (exported to StableHLO)"), encoding="utf-8")
-    module = import_generated(source, "linnet_stablehlo_export_" + re.sub(r"\W", "_", str(out_dir)))
+    source = write_source(program, ctx.name, out_dir)
+    module = import_generated(source, generated_module_name(out_dir))
     written = [source]
-    entries: dict[str, Any] = {}
-    for name, entry in program.entries.items():
-        started = time.perf_counter()
-        exported = export_entry(program, module.ENTRIES[name], name)
-        seconds = time.perf_counter() - started
-        blob = out_dir / f"{name}.jax_export"
-        blob.write_bytes(exported.serialize())
-        text = out_dir / f"{name}.mlir"
-        text.write_text(f"// Linnet {__version__}: {ctx.name}, entry `{name}`, exported by jax {jax.__version__}.\n"
-                        f"// Call: {name}(params, {', '.join(n for n, _ in entry.inputs)}); see signature.json.\n"
-                        + exported.mlir_module(), encoding="utf-8")
-        written += [blob, text]
-        entries[name] = {
-            "file": blob.name, "mlir": text.name, "dims": list(entry.dims),
-            "inputs": [{"name": n, "dtype": _dtype_name(t.dtype), "dims": [_dim_json(d) for d in t.dims]}
-                       for n, t in entry.inputs],
-            **_results_record(entry, ctx.output_name(name)),
-            "preconditions": preconditions(entry),
-            "export_seconds": round(seconds, 3),
-        }
-        if entry.packed_by:
-            entries[name]["packing"] = _packing_record(entry)
+    records: dict[str, Any] = {}
+    for name in program.entries:
+        records[name] = _call_record(ctx, name)
+        if entries is None or name in entries:
+            seconds, files = export_to(out_dir, program, module, name, ctx.name)
+            records[name]["export_seconds"] = round(seconds, 3)
+            written += files
     signature = out_dir / "signature.json"
-    signature.write_text(json.dumps(_signature(ctx, entries), indent=2) + "\n", encoding="utf-8")
+    signature.write_text(json.dumps(_signature(ctx, records), indent=2) + "\n", encoding="utf-8")
     return written + [signature]
+
+
+def write_source(program: ir.Program, model_name: str, out_dir: Path) -> Path:
+    """model.py: the JAX source every entry is exported from."""
+    from .jax_source import emit
+
+    source = out_dir / "model.py"
+    source.write_text(emit(program, title=f"{model_name}, JAX (exported to StableHLO)"), encoding="utf-8")
+    return source
+
+
+def generated_module_name(out_dir: Path) -> str:
+    """The name model.py is imported under: one per folder, as the folder may move (a cache's
+    temporary folder is renamed into place), a name never changes what it holds."""
+    return "linnet_stablehlo_export_" + re.sub(r"\W", "_", str(out_dir))
+
+
+def export_to(out_dir: Path, program: ir.Program, module, name: str, model_name: str) -> tuple[float, list[Path]]:
+    """Export entry `name` (model.py's `module.ENTRIES[name]`) into `out_dir`: its
+    `.jax_export` and `.mlir`, each written under a temporary name and renamed, so a process
+    reading the folder meanwhile sees a whole file or none.  The export's seconds, the files."""
+    import os
+
+    import jax
+
+    entry = program.entries[name]
+    started = time.perf_counter()
+    exported = export_entry(program, module.ENTRIES[name], name)
+    seconds = time.perf_counter() - started
+    text = out_dir / f"{name}.mlir"
+    blob = out_dir / f"{name}.jax_export"
+    contents = {text: (f"// Linnet {__version__}: {model_name}, entry `{name}`, exported by jax {jax.__version__}.\n"
+                       f"// Call: {name}(params, {', '.join(n for n, _ in entry.inputs)}); see signature.json.\n"
+                       + exported.mlir_module()).encode("utf-8"),
+                blob: exported.serialize()}
+    for path, data in contents.items():  # the blob last: it is what a reader looks for
+        partial = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    return seconds, [blob, text]
+
+
+def _call_record(ctx, name: str) -> dict:
+    """signature.json's record of how to call entry `name`."""
+    entry = ctx.program.entries[name]
+    record = {
+        "file": f"{name}.jax_export", "mlir": f"{name}.mlir", "dims": list(entry.dims),
+        "inputs": [{"name": n, "dtype": _dtype_name(t.dtype), "dims": [_dim_json(d) for d in t.dims]}
+                   for n, t in entry.inputs],
+        **_results_record(entry, ctx.output_name(name)),
+        "preconditions": preconditions(entry),
+    }
+    if entry.packed_by:
+        record["packing"] = _packing_record(entry)
+    return record
 
 
 def _results_record(entry: ir.Entry, base: str) -> dict:

@@ -1,7 +1,9 @@
 """Running the StableHLO artifact: export once (cached on disk), deserialize, call.
 
-`open_runtime` exports every entry into a cache folder keyed by the Linnet sources, the
-generics, the Linnet version and the jax version; later loads only deserialize.  Calls go
+`open_runtime` exports the root entry into a cache folder keyed by the Linnet sources, the
+generics, the Linnet version and the jax version, and any other entry into the same folder on
+its first call (bert-base has 14 entries, and a load that calls one of them should not wait
+for the rest); later loads only deserialize what is there.  Calls go
 through `jax.export.Exported.call(params, *inputs)`, which never traces the Python again;
 it is wrapped in `jax.jit` so each concrete (B, S) is compiled once and reused.  A packed
 entry gets, after its inputs, an unread array as long as the token bucket at or above the
@@ -45,26 +47,59 @@ class StableHloRuntime:
     compiles_per_shape = True
 
     def __init__(self, program: ir.Program, folder: Path, tensors: dict, *, device=None,
-                 compiler_options: dict | None = None):
+                 compiler_options: dict | None = None, name: str | None = None):
+        import threading
+
         import jax
-        from jax import export as jax_export
 
         from .jax_source import params_tree
 
         self.program = program
         self.folder = folder
+        self.name = name or folder.name
         self.device = resolve_device(device, "stablehlo")
         self.signature = json.loads((folder / "signature.json").read_text(encoding="utf-8"))
-        self.exported = {name: jax_export.deserialize(bytearray((folder / f"{name}.jax_export").read_bytes()))
-                         for name in program.entries}
-        platform = "cuda" if self.device.platform == "gpu" else self.device.platform
-        for name, exported in self.exported.items():
-            if platform not in exported.platforms:
-                raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the StableHLO artifact of `{name}` was exported for "
-                                             f"{', '.join(exported.platforms)}, not for {platform}"))
+        #: Each entry's `jax.export.Exported`, read (or exported) on its first use (`exported_entry`).
+        self.exported: dict = {}
+        self._compiler_options = compiler_options or None
+        self._calls: dict = {}
+        self._module = None
+        self._lock = threading.Lock()
         self.params = jax.device_put(params_tree(program, tensors), self.device)
-        self._calls = {name: jax.jit(exported.call, compiler_options=compiler_options or None)
-                       for name, exported in self.exported.items()}
+
+    def exported_entry(self, name: str):
+        """The entry's exported program: deserialised from the artifact folder, exported into it
+        first when the folder does not hold it yet (threads calling at once share one)."""
+        exported = self.exported.get(name)
+        if exported is None:
+            with self._lock:
+                exported = self.exported.get(name)
+                if exported is None:
+                    import jax
+
+                    exported = self._read_or_export(name)
+                    self._calls[name] = jax.jit(exported.call, compiler_options=self._compiler_options)
+                    self.exported[name] = exported
+        return exported
+
+    def _read_or_export(self, name: str):
+        from jax import export as jax_export
+
+        blob = self.folder / f"{name}.jax_export"
+        if not blob.exists():
+            from .pysource import import_generated
+            from .stablehlo_export import export_to, generated_module_name
+
+            if self._module is None:
+                self._module = import_generated(self.folder / "model.py", generated_module_name(self.folder))
+            seconds, _ = export_to(self.folder, self.program, self._module, name, self.name)
+            log.info("exported `%s` of %s to StableHLO in %.1f s", name, self.name, seconds)
+        exported = jax_export.deserialize(bytearray(blob.read_bytes()))
+        platform = "cuda" if self.device.platform == "gpu" else self.device.platform
+        if platform not in exported.platforms:
+            raise LinnetError(Diagnostic(codes.BAD_DEVICE, f"the StableHLO artifact of `{name}` was exported for "
+                                         f"{', '.join(exported.platforms)}, not for {platform}"))
+        return exported
 
     def run(self, entry: str, inputs: list[np.ndarray]):
         """The entry's result as a `jax.Array`; the first call per input shape (and, packed, per
@@ -81,6 +116,7 @@ class StableHloRuntime:
                                          "backend='jax', 'torch' or 'onnx'"))
         self._check_preconditions(entry, inputs)
         arrays = [jax.device_put(a, self.device) for a in inputs + self._token_rows(entry, inputs)]
+        self.exported_entry(entry)
         try:
             return self._calls[entry](self.params, *arrays)
         except Exception as exc:  # noqa: BLE001 - only shape assertions are translated
@@ -135,9 +171,10 @@ def shape_assertion_message(exc: BaseException) -> str | None:
     return None
 
 
-def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
-    """The entry's artifact folder, exported once per cache key; and the export's seconds
-    when this call did it (None when it came from the cache)."""
+def artifact(ctx: LoadContext, root: str) -> tuple[Path, float | None]:
+    """The entry's artifact folder, created once per cache key with the root entry exported
+    (the others are exported into it on first use); and the export's seconds when this call
+    did it (None when it came from the cache)."""
     import jax
 
     from .stablehlo_export import PLATFORMS, write_artifact
@@ -146,9 +183,9 @@ def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
 
     def write(path: Path) -> None:
         started = time.perf_counter()
-        write_artifact(ctx, path)
+        write_artifact(ctx, path, entries=(root,))
         spent.append(time.perf_counter() - started)
-        log.info("exported %s to StableHLO in %.1f s", ctx.name, spent[-1])
+        log.info("exported %s (`%s`) to StableHLO in %.1f s", ctx.name, root, spent[-1])
 
     folder = ctx.cached("stablehlo", "", write, options={"jax": jax.__version__, "platforms": PLATFORMS})
     return folder, (spent[0] if spent else None)
@@ -157,9 +194,11 @@ def artifact(ctx: LoadContext) -> tuple[Path, float | None]:
 def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -> StableHloRuntime:
     resolve_device(device, "stablehlo")  # before exporting or reading any weights
     choice = xla_choice(device, kernels, "stablehlo")
-    folder, seconds = artifact(ctx)
+    root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+    folder, seconds = artifact(ctx, root)
     runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device,
-                               compiler_options=choice.options)
+                               compiler_options=choice.options, name=ctx.name)
+    runtime.exported_entry(root)  # the artifact's platforms checked at load, as before
     #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
     runtime.xla_choice = choice
     runtime.generated = folder
