@@ -141,5 +141,5 @@ def test_the_copy_is_keyed_by_machine_runtime_settings_and_file(tmp_path, monkey
     monkeypatch.setattr(onnx_prepacked, "cpu_model", lambda: "another CPU")
     assert key() != here
     monkeypatch.undo()
-    monkeypatch.setattr(onnx_prepacked, "_cpu_flags", lambda: "the same CPU with AVX-512 hidden")
+    monkeypatch.setattr(onnx_prepacked, "cpu_flags", lambda: "the same CPU with AVX-512 hidden")
     assert key() != here

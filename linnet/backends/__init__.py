@@ -336,6 +336,11 @@ class LoadContext:
                                          "were given (the entry declares no [weights], or pass weights=)"))
         return self.tensor_loader(framework, dtype if dtype is not None else self.dtype)
 
+    @property
+    def root_entry(self) -> str:
+        """The entry a load opens first: nest.toml's `[source] entry`, else the program's first."""
+        return self.manifest.source.entry if self.manifest is not None else next(iter(self.program.entries))
+
     def output_name(self, entry: str) -> str:
         """The name of an entry's result in exported graphs: nest.toml `[outputs]`, else the entry's."""
         return self.manifest.output_name(entry) if self.manifest is not None else entry

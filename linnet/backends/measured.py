@@ -17,6 +17,7 @@ ONNX and XLA tuners use; torch's Linear probe is a few in-process GEMMs and need
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -67,6 +68,21 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     if fields.get("cpu family") and fields.get("model"):
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (/proc/cpuinfo's `flags`, or `Features` on Arm), hashed:
+    a VM can hide AVX-512 from a CPU model that has it, and kernels pick their code by what
+    they see. Empty where there is no /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return hashlib.sha256(value.strip().encode()).hexdigest()[:16]
+    return ""
 
 
 def read_decisions(path: Path, machine: str) -> dict[str, dict]:

@@ -28,7 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .measured import cpu_model
+from .measured import cpu_flags, cpu_model
 from .onnx_files import WEIGHTS_FILE
 
 log = logging.getLogger("linnet.onnx")
@@ -51,7 +51,7 @@ def saved_folder(cache: Path, folder: Path, file: str, settings: dict) -> Path:
     """Where the optimised, pre-packed copy of `folder/file` lives for this machine and ORT."""
     import onnxruntime as ort
 
-    key = json.dumps({"cpu": cpu_model(), "flags": _cpu_flags(), "onnxruntime": ort.__version__,
+    key = json.dumps({"cpu": cpu_model(), "flags": cpu_flags(), "onnxruntime": ort.__version__,
                       "settings": settings, "file": file}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return cache / "onnx-prepacked" / folder.name / f"{Path(file).stem}-{digest}"
@@ -103,16 +103,3 @@ def _open_and_save(source: Path, saved: Path, options_for, providers: list):
         shutil.rmtree(partial, ignore_errors=True)
     return session, "saved"
 
-
-def _cpu_flags() -> str:
-    """The CPU's instruction-set flags (x86 /proc/cpuinfo), hashed: a VM can hide AVX-512 from
-    the same CPU model, and MLAS packs for what it sees."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return hashlib.sha256(value.strip().encode()).hexdigest()[:16]
-    return ""

@@ -212,7 +212,7 @@ class OnnxRuntime:
 
         self.program = ctx.program
         self.folder = folder
-        root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+        root = ctx.root_entry
         threads = physical_cores()
         #: The session options measured for this machine and model (`onnx_options`); the
         #: default session's when not measured (kernels="default", a provider other than CPU).
@@ -250,7 +250,7 @@ class OnnxRuntime:
             from .onnx_prepacked import worth_saving
 
             if worth_saving(folder):
-                self._prepacked_file = first if first.endswith(".onnx") else entry_file(first)
+                self._prepacked_file = _graph_file(first)
         self.providers = self.session(first).get_providers()
 
     def session(self, entry: str):
@@ -261,7 +261,7 @@ class OnnxRuntime:
             with self._lock:
                 session = self.sessions.get(entry)
                 if session is None:
-                    file = entry if entry.endswith(".onnx") else entry_file(entry)
+                    file = _graph_file(entry)
                     if self.int8_plan is not None:
                         from .onnx_int8 import quantised_file
 
@@ -364,6 +364,11 @@ class OnnxRuntime:
         else:
             values = session.run(outputs, feeds)
         return tuple(values) if isinstance(spec.result, ir.TupleType) else values[0]
+
+
+def _graph_file(entry: str) -> str:
+    """The export's graph file a session name stands for: an entry's, or a file named as such."""
+    return entry if entry.endswith(".onnx") else entry_file(entry)
 
 
 def _first_session(folder: Path, root: str, program) -> str:

@@ -87,7 +87,7 @@ class OpenVinoRuntime:
         self.precision = precision
         self.config = compile_config(precision, threads, num_streams)
         self.outputs = {entry: ctx.output_name(entry) for entry in ctx.program.entries}
-        root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+        root = ctx.root_entry
         self.generated = folder / layout(ctx.program, root)[0].file
         self.root = root
         #: Compiled graphs by entry (a computed default's by file name).

@@ -194,7 +194,7 @@ def artifact(ctx: LoadContext, root: str) -> tuple[Path, float | None]:
 def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -> StableHloRuntime:
     resolve_device(device, "stablehlo")  # before exporting or reading any weights
     choice = xla_choice(device, kernels, "stablehlo")
-    root = ctx.manifest.source.entry if ctx.manifest is not None else next(iter(ctx.program.entries))
+    root = ctx.root_entry
     folder, seconds = artifact(ctx, root)
     runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device,
                                compiler_options=choice.options, name=ctx.name)
