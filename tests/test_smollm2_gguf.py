@@ -8,7 +8,7 @@ f32 with its own code and builds its own tokenizer from the metadata), asked onc
 session (the `smollm2_reference` fixture, tests/fixtures/smollm2.py) and reused by every backend:
 
 * the logits on several prompts, left-padded into one batch, within 1e-4 of transformers' on
-  torch and ONNX and 2e-4 on JAX and StableHLO (f32, 30 layers; XLA's, below);
+  every backend (f32, 30 layers; see BOUNDS);
 * greedy chat: 32 new tokens after the chat prompt (past <|im_end|>) token-identical to
   transformers' greedy generate on torch, JAX, StableHLO and ONNX; with the end-of-turn id the
   reply stops where transformers' does, and `model.chat` answers Paris;
@@ -41,17 +41,15 @@ from linnet.testing.smollm2 import gguf_path
 BACKENDS = ["torch", "torch-auto", "jax", "stablehlo", "onnx"]
 #: f32 logits bounds against transformers (the logits reach ~35; 30 layers of f32 sums).
 #: Against the same model run in f64 (PROMPTS[0], 2026-12-05, AMD EPYC Zen 4), transformers'
-#: f32 logits are 6.2e-5 off, Linnet's torch 6.6e-5 and JAX 1.28e-4 (1.37e-4 from
-#: transformers'). The JAX excess is XLA:CPU's YNNPACK dot fusions (on by default in jaxlib
-#: 0.10): their f32 products `x @ W.T` carry 2-3x the rounding error of Eigen's (mean relative
-#: error 4.8e-7 against 2.3e-7 at [18, 576] x [576, 1536]); compiled without them
-#: (`xla_cpu_experimental_ynn_fusion_type=""`) JAX is 6.9e-5 from f64 and 6.7e-5 from
-#: transformers, StableHLO 6.1e-5, but that call took 1.7x as long.
+#: f32 logits are 6.2e-5 off, Linnet's torch 6.6e-5. JAX and StableHLO compile without XLA:CPU's
+#: YNNPACK fusions (`xla_options.ACCURATE_F32`): with them, whose f32 products carry 2-4x Eigen's
+#: rounding error, the batch below was 1.22e-4 from transformers'; without, 9.4e-5 (2026-12-07,
+#: AMD EPYC family 25 model 1).
 #: torch-auto runs a prompt's products on torch's default matmul wherever a decoder's one-row
 #: steps split (every Linear of SmolLM2's), and its tied head on oneDNN: 7.6e-5 from transformers
 #: (2026-12-07, same CPU). With oneDNN for every prompt product it was 1.3e-4: oneDNN's f32 sums
 #: carry 1.6x MKL's rounding error, as XLA's YNNPACK dots do.
-BOUNDS = {"torch": 1e-4, "torch-auto": 1e-4, "onnx": 1e-4, "jax": 2e-4, "stablehlo": 2e-4}
+BOUNDS = {backend: 1e-4 for backend in BACKENDS}
 #: SmolLM2's <|im_end|>, the id that ends a chat reply.
 END_OF_TURN = 2
 

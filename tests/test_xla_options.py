@@ -2,8 +2,8 @@
 
 Speed is never asserted.  These tests check that the probe (run for real once, in its child
 process) decides, that the decision is cached and reused without starting a child again,
-that every option it could pick gives the real all-MiniLM-L6-v2 the default compilation's
-numbers within 1e-5, that an inexact candidate is refused however fast, that a user's own
+that every option it could pick gives the real all-MiniLM-L6-v2 the base compilation's
+numbers within 1e-5 (the base itself: f32 products without YNNPACK, closer to exact), that an inexact candidate is refused however fast, that a user's own
 XLA_FLAGS are never overridden, and that the option is validated.
 """
 from __future__ import annotations
@@ -41,9 +41,10 @@ def test_the_probe_decides_and_accounts_for_every_candidate(measured):
     assert names <= accounted, f"candidates neither timed, refused nor skipped: {names - accounted}"
     assert choice.measured, "the probe timed nothing"
     assert choice.max_error <= xla_options.TOLERANCE
-    if choice.options:  # a choice is one timed candidate's options (or the combination of winners)
+    if choice.options != xla_options.base_options():  # a timed candidate's (or winners' combination) on the base
         assert choice.speedup >= xla_options.MIN_SPEEDUP
-        assert set(choice.options) <= {k for o in xla_options.candidates().values() for k in o}
+        assert set(choice.options) <= {k for o in xla_options.candidates().values() for k in o} | set(
+            xla_options.ACCURATE_F32)
 
 
 def test_the_decision_is_cached_and_reused_without_a_child(measured, monkeypatch):
@@ -63,13 +64,14 @@ def test_the_decision_is_cached_and_reused_without_a_child(measured, monkeypatch
 def test_the_chosen_and_every_result_changing_candidate_keep_minilm_within_1e5(measured, monkeypatch):
     """The probe's exactness stands in for the model's: check it on the real model's `embed`
     for the options chosen and for every timed candidate whose probe result was not bit-identical
-    to the default's (a change of dot library), not only for what this run picked."""
+    to the base's (a change of dot library), not only for what this run picked."""
     choice, _ = measured
     default = nest.load("all-minilm-l6-v2", backend="jax", device="cpu", kernels="default")
-    assert default.runtime.xla_choice.options == {}
+    assert default.runtime.xla_choice.options == xla_options.base_options()
     tokens = default.tokenizer(TEXTS)
     want = np.asarray(default.embed(**tokens))
-    options = {n: xla_options.candidates()[n] for n, e in choice.errors.items() if e > 0 and n != "combined"}
+    base = xla_options.base_options()
+    options = {n: base | xla_options.candidates()[n] for n, e in choice.errors.items() if e > 0 and n != "combined"}
     options["chosen"] = choice.options
     checked = 0
     for name, chosen in options.items():
@@ -81,7 +83,7 @@ def test_the_chosen_and_every_result_changing_candidate_keep_minilm_within_1e5(m
         difference = np.abs(np.asarray(model.embed(**tokens)) - want).max()
         assert difference <= 1e-5, f"{name} ({chosen}): embed differs by {difference:.2e}"
         checked += 1
-    assert checked or not choice.options
+    assert checked or choice.options == base
 
 
 def _fake_build(offsets: dict[str, float], built: list):
@@ -96,6 +98,35 @@ def _fake_build(offsets: dict[str, float], built: list):
         return lambda: result + np.float32(shift)
 
     return build
+
+
+def _compiled_text(options) -> str:
+    import jax
+
+    x, w = np.ones((64, 96), np.float32), np.ones((128, 96), np.float32)
+    return jax.jit(lambda x, w: jax.nn.silu(x @ w.T), compiler_options=options or None).lower(x, w).compile().as_text()
+
+
+def test_the_base_compiles_f32_products_without_ynnpack_and_closer_to_exact():
+    """The base turns off the fusion XLA:CPU would otherwise use (this checks the option still
+    means that in this jaxlib), and its products' error from f64 is below the default's."""
+    assert "__ynn_fusion" in _compiled_text({}), "jaxlib no longer fuses dots with YNNPACK: revisit ACCURATE_F32"
+    assert "__ynn_fusion" not in _compiled_text(xla_options.ACCURATE_F32)
+    import jax
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((128, 576), np.float32), rng.standard_normal((1536, 576), np.float32)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    error = {name: np.abs(np.asarray(jax.jit(lambda x, w: x @ w.T, compiler_options=o or None)(x, w)) - exact).mean()
+             for name, o in (("default", {}), ("base", xla_options.ACCURATE_F32))}
+    assert error["base"] < 0.75 * error["default"], error
+
+
+def test_a_users_xla_flags_keep_their_own_ynnpack_setting(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
+    assert xla_options.base_options() == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+    assert xla_options.base_options() == xla_options.ACCURATE_F32
 
 
 def test_an_inexact_candidate_is_refused_however_fast(monkeypatch):
@@ -164,7 +195,7 @@ def test_kernels_default_measures_nothing(minilm_checkpoint, monkeypatch):
 
     monkeypatch.setattr(xla_options, "choose", no_probe)
     model = nest.load("all-minilm-l6-v2", backend="stablehlo", device="cpu", kernels="default")
-    assert model.runtime.xla_choice.options == {}
+    assert model.runtime.xla_choice.options == xla_options.ACCURATE_F32
     with pytest.raises(LinnetError) as caught:
         nest.load("all-minilm-l6-v2", backend="jax", kernels="fastest")
     assert caught.value.diagnostics[0].code == "E0807" and "auto, default" in str(caught.value)

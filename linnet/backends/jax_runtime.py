@@ -84,9 +84,10 @@ class JaxRuntime:
         self.device = resolve_device(device)
         self.module = import_generated(source_path, module_name)
         self.params = jax.device_put(params_tree(program, tensors), self.device)
+        self._compiler_options = compiler_options or None
         self._entries = {name: jax.jit(self.module.ENTRIES[name],
                                        static_argnames=(BUCKET,) if e.packed_by else (),
-                                       compiler_options=compiler_options or None)
+                                       compiler_options=self._compiler_options)
                          for name, e in program.entries.items()}
 
     def run(self, entry: str, inputs: list[np.ndarray]):
@@ -129,7 +130,7 @@ class JaxRuntime:
                 column = lax.slice_in_dim(grown, grown.shape[axis] - 1, grown.shape[axis], axis=axis)
                 return lax.dynamic_update_slice_in_dim(ring, column, slot, axis=axis), logits
 
-            self._ring_step = jax.jit(step, donate_argnums=(2,))
+            self._ring_step = jax.jit(step, donate_argnums=(2,), compiler_options=self._compiler_options)
         return self._ring_step
 
 
@@ -186,12 +187,15 @@ def generated_source(ctx: LoadContext) -> Path:
 
 def xla_choice(device, kernels: str | None, backend: str = "jax"):
     """The XLA compiler options to compile the entries with (`linnet.backends.xla_options`):
-    measured on a CPU device with kernels="auto" (the default), XLA's defaults otherwise."""
+    on a CPU device the accurate base, plus what was measured faster with kernels="auto" (the
+    default); XLA's defaults on any other device."""
     from . import cache_dir, kernel_choice
-    from .xla_options import XlaChoice, choose
+    from .xla_options import XlaChoice, base_options, choose
 
-    if kernel_choice(kernels) != "auto" or resolve_device(device, backend).platform != "cpu":
+    if resolve_device(device, backend).platform != "cpu":
         return XlaChoice({})
+    if kernel_choice(kernels) != "auto":
+        return XlaChoice(base_options())
     return choose(cache_dir=cache_dir())
 
 
@@ -202,7 +206,7 @@ def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -
     runtime = JaxRuntime(ctx.program, source, f"linnet_generated_jax_{source.stem.replace('-', '_')}",
                          ctx.tensors("flax"), device=device, compiler_options=choice.options)
     runtime.generated = source
-    #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
+    #: The compiler options: the accurate base and what was measured faster (`xla_options`).
     runtime.xla_choice = choice
     return runtime
 

@@ -199,7 +199,7 @@ def open_runtime(ctx: LoadContext, *, device=None, kernels: str | None = None) -
     runtime = StableHloRuntime(ctx.program, folder, ctx.tensors("flax"), device=device,
                                compiler_options=choice.options, name=ctx.name)
     runtime.exported_entry(root)  # the artifact's platforms checked at load, as before
-    #: The compiler options measured for this machine (`xla_options`), or XLA's defaults.
+    #: The compiler options: the accurate base and what was measured faster (`xla_options`).
     runtime.xla_choice = choice
     runtime.generated = folder
     runtime.export_seconds = seconds
