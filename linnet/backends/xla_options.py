@@ -95,7 +95,8 @@ class XlaChoice:
     def describe(self) -> str:
         if not self.options:
             return "XLA's default compiler options"
-        return ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) + f" (x{self.speedup:.2f})"
+        named = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return named if self.options == ACCURATE_F32 else f"{named} (x{self.speedup:.2f} on the probe)"
 
 
 def candidates() -> dict[str, dict]:
