@@ -17,6 +17,7 @@ ONNX and XLA tuners use; torch's Linear probe is a few in-process GEMMs and need
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -49,15 +50,22 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+@functools.lru_cache(maxsize=1)
+def _proc_cpuinfo() -> str:
+    """/proc/cpuinfo's text, read once per process: the kernel builds it on every read, which on
+    a many-core machine takes milliseconds, and a load asks for the CPU several times."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU as the decisions depend on it: its model name, and on x86 its family and model
     numbers, since a cloud machine's name ("AMD EPYC") is the same for Zen 4 (family 25) and
     Zen 5 (family 26), whose kernels' speeds differ. `cpuinfo` is /proc/cpuinfo's text."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _proc_cpuinfo()
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -74,11 +82,7 @@ def cpu_flags() -> str:
     """The CPU's instruction-set flags (/proc/cpuinfo's `flags`, or `Features` on Arm), hashed:
     a VM can hide AVX-512 from a CPU model that has it, and kernels pick their code by what
     they see. Empty where there is no /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
+    for line in _proc_cpuinfo().splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             return hashlib.sha256(value.strip().encode()).hexdigest()[:16]
