@@ -51,7 +51,7 @@ def median(values: list[float]) -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def _proc_cpuinfo() -> str:
+def proc_cpuinfo() -> str:
     """/proc/cpuinfo's text, read once per process: the kernel builds it on every read, which on
     a many-core machine takes milliseconds, and a load asks for the CPU several times."""
     try:
@@ -65,7 +65,7 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     numbers, since a cloud machine's name ("AMD EPYC") is the same for Zen 4 (family 25) and
     Zen 5 (family 26), whose kernels' speeds differ. `cpuinfo` is /proc/cpuinfo's text."""
     if cpuinfo is None:
-        cpuinfo = _proc_cpuinfo()
+        cpuinfo = proc_cpuinfo()
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -82,7 +82,7 @@ def cpu_flags() -> str:
     """The CPU's instruction-set flags (/proc/cpuinfo's `flags`, or `Features` on Arm), hashed:
     a VM can hide AVX-512 from a CPU model that has it, and kernels pick their code by what
     they see. Empty where there is no /proc/cpuinfo."""
-    for line in _proc_cpuinfo().splitlines():
+    for line in proc_cpuinfo().splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             return hashlib.sha256(value.strip().encode()).hexdigest()[:16]

@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .onnx_files import PREFILL_FILE, STEP_FILE
 from .onnx_graph import IR_VERSION, OPSET, GraphEmitter, ModelFile, elem_type, graph_inputs_used
 from .onnx_views import forward_views
 from ..middle import ir
-
-#: optimum's file names for the two graphs.
-PREFILL_FILE, STEP_FILE = "decoder_model.onnx", "decoder_with_past_model.onnx"
 
 
 def past_names(layers: int) -> list[str]:

@@ -57,6 +57,8 @@ def unsupported(message: str, fn: ir.Function | None = None) -> LinnetError:
 
 #: The one weights file every per-entry model of an export reads.
 WEIGHTS_FILE = "weights.bin"
+#: A decoder's two graphs (`onnx_decoder`), under optimum's file names.
+PREFILL_FILE, STEP_FILE = "decoder_model.onnx", "decoder_with_past_model.onnx"
 
 
 def entry_file(entry: str) -> str:

@@ -20,7 +20,8 @@ from . import LoadContext, cache_dir, kernel_choice
 from .. import dtypes
 from ..middle import ir
 from ..diagnostics import Diagnostic, LinnetError
-from .onnx_files import WEIGHTS_FILE, default_file, entry_file, node_reads
+from .measured import proc_cpuinfo
+from .onnx_files import PREFILL_FILE, STEP_FILE, WEIGHTS_FILE, default_file, entry_file, node_reads
 
 #: The export embeds the weights, so `linnet build --backend onnx` reads the checkpoint.
 BUILD_NEEDS_WEIGHTS = True
@@ -114,8 +115,22 @@ def _float_dtype(ctx: LoadContext) -> str:
 # ------------------------------------------------------------------------ providers
 
 
-def physical_cores() -> int:
-    """Physical cores (ONNX Runtime runs best with one intra-op thread per core)."""
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """Physical cores (ONNX Runtime runs best with one intra-op thread per core).
+
+    On Linux the distinct (physical id, core id) pairs of /proc/cpuinfo, which the process has
+    read already (`measured`); psutil, whose import took 12-15 ms of a 0.3 s warm load, only
+    where that file does not name cores (some ARM kernels, other systems).  `cpuinfo`: that
+    file's text instead of this machine's."""
+    cores, package = set(), "0"
+    for line in (proc_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            package = value.strip()
+        elif key.strip() == "core id":
+            cores.add((package, value.strip()))
+    if cores:
+        return len(cores)
     try:
         import psutil
 
@@ -123,19 +138,6 @@ def physical_cores() -> int:
         if count:
             return count
     except ImportError:
-        pass
-    try:  # Linux without psutil: count distinct (physical id, core id) pairs
-        cores, phys = set(), "0"
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "physical id":
-                    phys = value.strip()
-                elif key.strip() == "core id":
-                    cores.add((phys, value.strip()))
-        if cores:
-            return len(cores)
-    except OSError:
         pass
     return os.cpu_count() or 1
 
@@ -207,7 +209,7 @@ class OnnxRuntime:
                  share_weights: bool = False):
         import threading
 
-        from .onnx_graph import layout
+        from .onnx_files import layout
         from .onnx_options import SessionChoice, choose, default_settings, session_options
 
         self.program = ctx.program
@@ -337,7 +339,7 @@ class OnnxRuntime:
     def decoder_steps(self):
         """generate's prefill and step on the per-layer past-key-value graphs (IOBinding), or
         None where the export has none (not a decoder; bf16 on the CPU provider)."""
-        from .onnx_decoder import PREFILL_FILE, STEP_FILE, PastKeyValueSteps, cache_layers, prompt_on_step
+        from .onnx_decoder import PastKeyValueSteps, cache_layers, prompt_on_step
 
         if not (self.folder / STEP_FILE).exists():
             return None
@@ -376,10 +378,10 @@ def _first_session(folder: Path, root: str, program) -> str:
     runs (the step graph where it takes the prompt, `onnx_decoder.takes_prompt`, else the
     prefill graph), so a loaded decoder that only generates holds no `forward` session; else
     the root entry's."""
-    from .onnx_decoder import PREFILL_FILE, STEP_FILE, takes_prompt
-
     if not (folder / STEP_FILE).exists():
         return root
+    from .onnx_decoder import takes_prompt  # a decoder's export only: an encoder's load does without it
+
     return STEP_FILE if takes_prompt(program) else PREFILL_FILE
 
 
@@ -517,9 +519,11 @@ def open_runtime(ctx: LoadContext, *, device=None, providers=None, kernels: str 
                  max_cosine_loss: float | None = None, min_cosine: float | None = None) -> OnnxRuntime:
     # The options were checked against the record by `nest.load`.  precision="int8" is planned by
     # `finish_load` once the model (its tokenizer, `encode`) exists; the graphs are exported f32.
-    from .onnx_int8 import check_options
+    int8 = False
+    if any(option is not None for option in (precision, calibration, max_cosine_loss, min_cosine)):
+        from .onnx_int8 import check_options  # imported only when asked: a plain load does without it
 
-    int8 = check_options(precision, calibration, max_cosine_loss, min_cosine)
+        int8 = check_options(precision, calibration, max_cosine_loss, min_cosine)
     if int8 and share_weights:
         raise LinnetError(Diagnostic(codes.UNKNOWN_BACKEND_OPTION, "precision='int8' and share_weights=True do not "
                                      "go together: the int8 graphs hold their own (int8) weights"))

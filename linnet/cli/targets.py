@@ -45,7 +45,8 @@ def locate(path_or_name: str | Path) -> Target:
 def is_saved_model(path_or_name: str | Path) -> bool:
     """An `hf:owner/name` repo or a folder transformers / sentence-transformers saved: what
     `nest.load` reads from the model's own files rather than a nest.toml."""
-    from ..nest.hf import PREFIX, is_model_folder
+    from ..nest.hf import PREFIX
+    from ..nest.manifest import is_model_folder
 
     return str(path_or_name).startswith(PREFIX) or is_model_folder(path_or_name)
 

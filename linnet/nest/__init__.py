@@ -33,7 +33,7 @@ from ..diagnostics import Diagnostic, LinnetError
 from ..middle.lower import lower
 from ..runtime import InputValidator, results
 from .layouts import LayoutBindings
-from .manifest import Manifest, known_entries, load_manifest
+from .manifest import Manifest, is_model_folder, known_entries, load_manifest
 from .tokenizer import Tokenizer, load_tokenizer
 from .weights import (BindingReport, entry_bindings, load_tensors, locate_checkpoint, read_index, tensor_reader,
                       verify_bindings)
@@ -350,7 +350,6 @@ def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
 
         return hf_manifest(name_or_path, revision=revision, weights=weights), None, weights
     from .gguf import gguf_folder, is_gguf
-    from .hf import folder_manifest, is_model_folder
 
     if is_gguf(name_or_path):  # converted once into a save_pretrained-style folder (linnet/nest/gguf.py)
         name_or_path = gguf_folder(name_or_path)
@@ -358,6 +357,8 @@ def _manifest(name_or_path: str | Path | Manifest, revision: str | None,
     if gguf_file is not None:  # a zoo entry's weights from a GGUF file: its converted folder
         weights = gguf_folder(gguf_file)
     if is_model_folder(name_or_path):
+        from .hf import folder_manifest  # imported only here: a zoo entry's load does without it
+
         if revision is not None:
             raise LinnetError(Diagnostic(codes.BAD_INPUT, f"revision={revision!r} names a Hub commit, but "
                                          f"{name_or_path} is a local folder, which has one version"))

@@ -36,7 +36,8 @@ from ..diagnostics import InternalError, LinnetError, Note, error
 from ..middle.params import ParamSpec
 from . import sentence
 from .families import CONFIG_JSON, ConfigReader, Family, FamilyConfig, describe, family_for
-from .manifest import COMMIT_ID, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
+from .manifest import (COMMIT_ID, FOLDER_MARKERS, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, is_model_folder,
+                       load_manifest)
 from .sentence import Pipeline
 from .hub import CHECKPOINT_INSTEAD
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index
@@ -50,8 +51,6 @@ PREFIX = "hf:"
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json")
-#: What a folder must hold to be loaded as a model, in the order it is looked for.
-FOLDER_MARKERS = ("nest.toml", sentence.MODULES_JSON, CONFIG_JSON)
 
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -148,13 +147,6 @@ def folder_manifest(folder: str | Path, *, weights: str | Path | None = None) ->
     if not any((folder / marker).is_file() for marker in FOLDER_MARKERS[1:]):
         raise not_a_model_folder(folder)
     return _build(FolderFiles(folder), str(folder), weights=weights, repo="")
-
-
-def is_model_folder(path: str | Path) -> bool:
-    """A folder `folder_manifest` reads: no nest.toml, and a config.json or modules.json."""
-    path = Path(path)
-    return path.is_dir() and not (path / "nest.toml").is_file() and \
-        any((path / marker).is_file() for marker in FOLDER_MARKERS[1:])
 
 
 def not_a_model_folder(folder: Path) -> LinnetError:

@@ -54,6 +54,12 @@ CODES = codes.summaries("manifest")
 
 NEST_TOML = "nest.toml"
 LINNET_TOML = "linnet.toml"
+#: The files a saved model's folder is known by: sentence-transformers' `save` writes
+#: modules.json, transformers' `save_pretrained` config.json.
+MODULES_JSON = "modules.json"
+CONFIG_JSON = "config.json"
+#: What a folder must hold to be loaded as a model, in the order it is looked for.
+FOLDER_MARKERS = (NEST_TOML, MODULES_JSON, CONFIG_JSON)
 #: The two tokenizer files `[tokenizer].files` may name.
 VOCAB_TXT = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
@@ -244,6 +250,14 @@ def known_entries(folder: Path | None = None) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name for p in folder.iterdir() if (p / NEST_TOML).is_file())
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """A saved model's folder (`linnet.nest.hf.folder_manifest` reads it): no nest.toml, and a
+    config.json or modules.json."""
+    path = Path(path)
+    return path.is_dir() and not (path / NEST_TOML).is_file() and \
+        any((path / marker).is_file() for marker in FOLDER_MARKERS[1:])
 
 
 def find_entry(name_or_path: str | Path) -> Path:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .families import EncoderSpec
     from .hf import RepoFiles
 
-MODULES_JSON = "modules.json"
+from .manifest import MODULES_JSON  # noqa: E402  (one place for the name)
 SETTINGS_JSON = "config_sentence_transformers.json"
 #: The Transformer module's settings, under the names sentence-transformers has written them.
 TRANSFORMER_SETTINGS = ("sentence_bert_config.json", "sentence_roberta_config.json",

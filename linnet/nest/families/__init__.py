@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..hf import RepoFiles
     from ..weights import TensorInfo
 
-CONFIG_JSON = "config.json"
+from ..manifest import CONFIG_JSON  # noqa: E402,F401  (one place for the name)
 
 
 @dataclass(frozen=True)
