@@ -36,8 +36,7 @@ from ..diagnostics import InternalError, LinnetError, Note, error
 from ..middle.params import ParamSpec
 from . import sentence
 from .families import CONFIG_JSON, ConfigReader, Family, FamilyConfig, describe, family_for
-from .manifest import (COMMIT_ID, FOLDER_MARKERS, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, is_model_folder,
-                       load_manifest)
+from .manifest import COMMIT_ID, FOLDER_MARKERS, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
 from .sentence import Pipeline
 from .hub import CHECKPOINT_INSTEAD
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index

@@ -25,12 +25,12 @@ from .. import codes
 from ..diagnostics import LinnetError, Note, error
 from ..front.parser import parse_file
 from ..diagnostics import SourceMap
+from .manifest import MODULES_JSON
 
 if TYPE_CHECKING:
     from .families import EncoderSpec
     from .hf import RepoFiles
 
-from .manifest import MODULES_JSON  # noqa: E402  (one place for the name)
 SETTINGS_JSON = "config_sentence_transformers.json"
 #: The Transformer module's settings, under the names sentence-transformers has written them.
 TRANSFORMER_SETTINGS = ("sentence_bert_config.json", "sentence_roberta_config.json",

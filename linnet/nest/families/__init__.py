@@ -25,13 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 from ... import codes, dtypes
 from ...diagnostics import Diagnostic, LinnetError, Note, error
 from ..layouts import Layout
-from ..manifest import GenerateSpec, ImageSpec, TokenizerSpec
+from ..manifest import CONFIG_JSON, GenerateSpec, ImageSpec, TokenizerSpec
 
 if TYPE_CHECKING:
     from ..hf import RepoFiles
     from ..weights import TensorInfo
-
-from ..manifest import CONFIG_JSON  # noqa: E402,F401  (one place for the name)
 
 
 @dataclass(frozen=True)
