@@ -36,7 +36,8 @@ from ..diagnostics import InternalError, LinnetError, Note, error
 from ..middle.params import ParamSpec
 from . import sentence
 from .families import CONFIG_JSON, ConfigReader, Family, FamilyConfig, describe, family_for
-from .manifest import COMMIT_ID, FOLDER_MARKERS, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, load_manifest
+from .manifest import (COMMIT_ID, FOLDER_MARKERS, Manifest, SourceSpec, TokenizerSpec, WeightsSpec, holds_saved_model,
+                       load_manifest)
 from .sentence import Pipeline
 from .hub import CHECKPOINT_INSTEAD
 from .weights import TensorInfo, checkpoint_files, fetch_file, read_index
@@ -143,7 +144,7 @@ def folder_manifest(folder: str | Path, *, weights: str | Path | None = None) ->
     """The entry `nest.load(folder)` runs for a folder that transformers' `save_pretrained` or
     sentence-transformers' `save` wrote (or `nest.save`): read exactly as `hf:` reads a repo."""
     folder = Path(folder).resolve()
-    if not any((folder / marker).is_file() for marker in FOLDER_MARKERS[1:]):
+    if not holds_saved_model(folder):
         raise not_a_model_folder(folder)
     return _build(FolderFiles(folder), str(folder), weights=weights, repo="")
 

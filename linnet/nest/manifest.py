@@ -252,12 +252,17 @@ def known_entries(folder: Path | None = None) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if (p / NEST_TOML).is_file())
 
 
+def holds_saved_model(folder: Path) -> bool:
+    """Whether `folder` holds what sentence-transformers' `save` or transformers'
+    `save_pretrained` writes (modules.json, config.json)."""
+    return any((folder / marker).is_file() for marker in FOLDER_MARKERS[1:])
+
+
 def is_model_folder(path: str | Path) -> bool:
     """A saved model's folder (`linnet.nest.hf.folder_manifest` reads it): no nest.toml, and a
     config.json or modules.json."""
     path = Path(path)
-    return path.is_dir() and not (path / NEST_TOML).is_file() and \
-        any((path / marker).is_file() for marker in FOLDER_MARKERS[1:])
+    return path.is_dir() and not (path / NEST_TOML).is_file() and holds_saved_model(path)
 
 
 def find_entry(name_or_path: str | Path) -> Path:
